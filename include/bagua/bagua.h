@@ -1,0 +1,15 @@
+// Everything a C++ user of the runtime needs, in one include.
+#pragma once
+
+#include "bagua/comm/communicator.h"
+#include "bagua/comm/gloo_communicator.h"
+#include "bagua/comm/store.h"
+#include "bagua/core/dtype.h"
+#include "bagua/core/elementwise.h"
+#include "bagua/core/errors.h"
+#include "bagua/core/tensor_view.h"
+#include "bagua/ops/callback_op.h"
+#include "bagua/ops/centralized_synchronous.h"
+#include "bagua/runtime/backend.h"
+#include "bagua/runtime/bucket.h"
+#include "bagua/runtime/planner.h"

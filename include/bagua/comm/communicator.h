@@ -1,0 +1,99 @@
+// The Communicator: collectives among a fixed group of ranks.
+//
+// Contract (as in c10d's backends):
+// - Every rank of the group calls the same collectives in the same order;
+//   the runtime guarantees this by scheduling buckets in registration order.
+// - Calls are blocking and thread-compatible: one thread at a time per
+//   communicator. The Python user API and the communication thread each get
+//   their own communicator so they never interleave on one.
+// - Buffers are contiguous TensorViews; `send` and `recv` may alias (in place).
+// - Every wait is bounded by the communicator's timeout; a timeout becomes a
+//   TimeoutError and any other transport failure a BackendError, both naming
+//   the op, the rank and the sizes involved.
+// - Membership is fixed: `new_group` is itself collective over this group.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bagua/comm/reduce_op.h"
+#include "bagua/core/tensor_view.h"
+
+namespace bagua {
+
+// Bytes this rank moved, summed over calls; read by telemetry and benchmarks.
+struct CommCounters {
+  std::atomic<std::int64_t> bytes_sent{0};
+  std::atomic<std::int64_t> bytes_received{0};
+  std::atomic<std::int64_t> calls{0};
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend_name() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // recv = op over ranks of send. kAvg divides the sum by size().
+  virtual void allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) = 0;
+  // recv on `root` = op over ranks of send; recv is ignored on other ranks.
+  virtual void reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) = 0;
+  // buffer on every rank = buffer on root.
+  virtual void broadcast(const TensorView& buffer, int root) = 0;
+  // recv (size() * send.numel) = concatenation of send over ranks.
+  virtual void allgather(const TensorView& send, const TensorView& recv) = 0;
+  // As allgather, with the result only on root.
+  virtual void gather(const TensorView& send, const TensorView& recv, int root) = 0;
+  // recv on rank r = chunk r of send on root (send has size() * recv.numel).
+  virtual void scatter(const TensorView& send, const TensorView& recv, int root) = 0;
+  // recv (send.numel / size()) on rank r = op over ranks of chunk r of send.
+  virtual void reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) = 0;
+  // chunk j of recv on rank i = chunk i of send on rank j (equal chunks).
+  virtual void alltoall(const TensorView& send, const TensorView& recv) = 0;
+  virtual void send(const TensorView& buffer, int peer) = 0;
+  virtual void recv(const TensorView& buffer, int peer) = 0;
+  virtual void barrier() = 0;
+
+  // Marks the communicator unusable; later calls throw. Safe from any thread.
+  virtual void abort() noexcept = 0;
+
+  // Collective over this group: every rank calls it with the same `ranks`
+  // (sorted, unique, within [0, size())). Members get a communicator whose
+  // rank r is ranks[r]; non-members get nullptr.
+  virtual std::unique_ptr<Communicator> new_group(std::span<const int> ranks) = 0;
+
+  // Collective: checks that every rank passes the same op, element count and
+  // dtype (and root), so a mismatch is an InvalidArgument on every rank rather
+  // than a hang or garbage. Costs one small allgather.
+  void verify_same_call(std::string_view op, const TensorView& tensor, int root = -1);
+
+  const CommCounters& counters() const { return counters_; }
+
+ protected:
+  CommCounters counters_;
+};
+
+// The intra-node / inter-node pair for hierarchical communication.
+// Node k holds global ranks [k * local_size, (k + 1) * local_size); the last
+// node may be smaller. `inter` links the node leaders (local rank 0) and is
+// null on every other rank.
+struct HierarchicalComms {
+  std::shared_ptr<Communicator> intra;
+  std::shared_ptr<Communicator> inter;
+  int local_size = 1;
+
+  bool is_leader() const { return inter != nullptr; }
+};
+
+// Collective over `global`.
+HierarchicalComms make_hierarchical_comms(Communicator& global, int local_size);
+
+}  // namespace bagua

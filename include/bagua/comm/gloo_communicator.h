@@ -1,0 +1,29 @@
+// Factory of the Gloo backend (CPU tensors over TCP). The Gloo headers stay
+// in lib/comm/gloo_communicator.cc.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/comm/store.h"
+
+namespace bagua {
+
+struct GlooOptions {
+  // Keys of this communicator live under this prefix in the store.
+  std::string prefix = "bagua";
+  // Network interface (e.g. "eth0") or, if empty, `hostname`.
+  std::string interface_name;
+  // Address to bind and advertise; empty means 127.0.0.1.
+  std::string hostname;
+  // Bound on every wait; zero means BAGUA_COMM_TIMEOUT_S.
+  std::chrono::milliseconds timeout{0};
+};
+
+// Collective over the `size` ranks sharing `store`: connects a full mesh.
+std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, int rank,
+                                                     int size, GlooOptions options = {});
+
+}  // namespace bagua

@@ -1,0 +1,27 @@
+// What the runtime knows about CUDA at run time.
+//
+// The same binary runs with or without a GPU: when CUDA was compiled in
+// (meson option `cuda`) the kernels in kernels/ are linked with the static
+// CUDA runtime, and `cuda_device_count()` asks the driver, returning 0 (never
+// throwing or aborting) when there is no driver or no device. Callers take
+// the CPU path whenever it returns 0.
+#pragma once
+
+#include <cstdint>
+
+#include "bagua/core/tensor_view.h"
+
+namespace bagua {
+
+// True when this build contains the CUDA kernels.
+bool cuda_compiled() noexcept;
+
+// Number of usable CUDA devices; 0 without a GPU, a driver, or a CUDA build.
+int cuda_device_count() noexcept;
+
+// x /= divisor on the device, on `stream` (a cudaStream_t, nullptr for the
+// default stream). Throws InvalidArgument for host tensors or in a build
+// without CUDA, BackendError when the launch fails.
+void cuda_divide_inplace(const TensorView& x, std::int64_t divisor, void* stream);
+
+}  // namespace bagua

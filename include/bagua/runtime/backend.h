@@ -1,0 +1,101 @@
+// The backend: readiness tracking and the communication thread.
+//
+// Contract:
+// - `register_ordered_buckets` fixes the buckets and their order. Every rank
+//   registers the same buckets in the same order, so executing them in that
+//   order issues the same collectives everywhere without negotiation.
+// - The training thread calls `mark_communication_ready(name)` as each
+//   tensor's data is final (a gradient after accumulation, a weight before
+//   forward). When the first not-yet-scheduled bucket has all its tensors
+//   ready it is handed to the communication thread, then the next one, and so
+//   on: strictly in registration order, overlapping with the backward pass.
+// - `wait_pending_comm_ops` blocks until every bucket of the iteration has
+//   run its ops, rethrows the first failure of the communication thread, and
+//   then starts a new iteration. A wait longer than the timeout becomes a
+//   TimeoutError naming the rank, the op and the bucket, or the tensors that
+//   were never marked ready.
+// - After a failure the backend stays failed: every later call rethrows it.
+//
+// Threading: the training-thread methods may be called from one thread at a
+// time (autograd hooks and the post-backward callback); the communication
+// thread is owned here and joined on destruction.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "bagua/runtime/bucket.h"
+
+namespace bagua {
+
+struct BackendOptions {
+  int rank = 0;
+  // Zero means BAGUA_COMM_TIMEOUT_S.
+  std::chrono::milliseconds timeout{0};
+};
+
+class Backend {
+ public:
+  explicit Backend(BackendOptions options);
+  ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  void register_ordered_buckets(std::vector<std::shared_ptr<Bucket>> buckets);
+  void mark_communication_ready(const std::string& tensor_name);
+  // Marks every tensor not yet marked this iteration (unused parameters),
+  // in bucket order, so all ranks still run every bucket.
+  void mark_remaining_ready();
+  void wait_pending_comm_ops();
+
+  // Names of the tensors in the order they were marked ready during the last
+  // completed iteration (tensors marked by mark_remaining_ready come last).
+  std::vector<std::string> last_ready_order() const;
+  std::size_t completed_iterations() const;
+  const std::vector<std::shared_ptr<Bucket>>& buckets() const { return buckets_; }
+
+ private:
+  struct TensorSlot {
+    std::size_t bucket;
+    std::size_t tensor;
+  };
+
+  void mark_locked(const std::string& tensor_name, std::unique_lock<std::mutex>& lock);
+  void schedule_ready_buckets_locked();
+  void rethrow_if_failed_locked() const;
+  std::string describe_pending_locked() const;
+  void communication_loop(std::stop_token stop);
+
+  BackendOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable_any changed_;
+
+  std::vector<std::shared_ptr<Bucket>> buckets_;
+  std::unordered_map<std::string, TensorSlot> slots_;
+  std::vector<std::vector<bool>> tensor_ready_;
+  std::vector<std::size_t> ready_count_;
+  std::size_t next_to_schedule_ = 0;
+  std::size_t completed_ = 0;
+  std::deque<std::size_t> queue_;
+  std::vector<std::string> ready_order_;
+  std::vector<std::string> last_ready_order_;
+  std::size_t iterations_ = 0;
+
+  // What the communication thread is doing, for timeout messages.
+  std::string running_op_;
+  std::string running_bucket_;
+  std::exception_ptr failure_;
+
+  std::jthread thread_;  // last member: joined before the state it uses goes away
+};
+
+}  // namespace bagua

@@ -1,0 +1,402 @@
+// The Gloo backend: CPU tensors over Gloo's TCP transport.
+//
+// One Gloo context per communicator; collectives are Gloo's option-struct
+// free functions, with reductions supplied by bagua/core/elementwise.h so
+// fp16/bf16 and every ReduceOp share one implementation. Point-to-point
+// messages use Gloo's unbound buffers on slots of their own (kP2PSlotBase),
+// numbered per peer so sends and receives match in program order.
+#include "bagua/comm/gloo_communicator.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <string_view>
+#include <utility>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/config.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "bagua/core/elementwise.h"
+#include "bagua/core/env.h"
+#include "bagua/core/errors.h"
+#include "bagua/core/logging.h"
+
+namespace bagua {
+namespace {
+
+constexpr std::uint64_t kP2PSlotBase = 0xB7ULL << 56;
+
+// Gloo's rendezvous store interface on top of ours.
+class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(bagua::Store& inner, std::chrono::milliseconds timeout)
+      : inner_(inner), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    inner_.set(key, data);
+  }
+  std::vector<char> get(const std::string& key) override {
+    inner_.wait({key}, timeout_);
+    return inner_.get(key);
+  }
+  void wait(const std::vector<std::string>& keys) override { inner_.wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    inner_.wait(keys, timeout);
+  }
+
+ private:
+  bagua::Store& inner_;
+  std::chrono::milliseconds timeout_;
+};
+
+// One TCP device per (interface, hostname) per process, shared by contexts.
+std::shared_ptr<::gloo::transport::Device> tcp_device(const GlooOptions& options) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, std::string>, std::shared_ptr<::gloo::transport::Device>>
+      devices;
+  std::lock_guard lock(mutex);
+  auto key = std::make_pair(options.interface_name, options.hostname);
+  auto& device = devices[key];
+  if (!device) {
+    ::gloo::transport::tcp::attr attr;
+    if (!options.interface_name.empty()) {
+      attr.iface = options.interface_name;
+    } else {
+      attr.hostname = options.hostname.empty() ? "127.0.0.1" : options.hostname;
+    }
+    device = ::gloo::transport::tcp::CreateDevice(attr);
+  }
+  return device;
+}
+
+bool looks_like_timeout(std::string_view message) {
+  return message.find("Timed out") != std::string_view::npos ||
+         message.find("timed out") != std::string_view::npos ||
+         message.find("timeout") != std::string_view::npos;
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<Store> store, int rank, int size, GlooOptions options)
+      : store_(std::move(store)), options_(std::move(options)) {
+    if (options_.timeout.count() <= 0) options_.timeout = env().comm_timeout;
+    auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options_.timeout);
+    auto prefixed = make_prefix_store(options_.prefix, store_);
+    GlooStoreAdapter adapter(*prefixed, options_.timeout);
+    auto device = tcp_device(options_);
+    run("connect", [&] { context->connectFullMesh(adapter, device); });
+    context_ = std::move(context);
+    send_sequence_.assign(static_cast<std::size_t>(size), 0);
+    recv_sequence_.assign(static_cast<std::size_t>(size), 0);
+    log().debug("gloo communicator '{}' ready: rank {} of {}", options_.prefix, rank, size);
+  }
+
+  int rank() const override { return context_->rank; }
+  int size() const override { return context_->size; }
+  std::string backend_name() const override {
+    return fmt::format("gloo {}.{}.{}", GLOO_VERSION_MAJOR, GLOO_VERSION_MINOR, GLOO_VERSION_PATCH);
+  }
+  std::chrono::milliseconds timeout() const override { return options_.timeout; }
+
+  void allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
+    check_same_shape("allreduce", send, recv);
+    copy_if_distinct(send, recv);
+    if (recv.numel == 0) return;
+    count(recv.nbytes() * 2 * (size() - 1) / size());
+    if (size() > 1) {
+      run("allreduce", [&] {
+        ::gloo::AllreduceOptions opts(context_);
+        opts.setTag(next_tag());
+        set_typed_output(opts, recv);
+        opts.setReduceFunction(reduce_function(op, recv.dtype));
+        ::gloo::allreduce(opts);
+      });
+    }
+    if (op == ReduceOp::kAvg) divide_inplace(recv, size());
+  }
+
+  void reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) override {
+    check_root("reduce", root);
+    const bool is_root = rank() == root;
+    if (is_root) {
+      check_same_shape("reduce", send, recv);
+      copy_if_distinct(send, recv);
+    }
+    if (send.numel == 0) return;
+    count(send.nbytes());
+    // Gloo reduces in place in the output buffer; non-roots use a scratch copy
+    // so their input is left untouched.
+    std::vector<std::byte> scratch;
+    TensorView work = recv;
+    if (!is_root) {
+      scratch.assign(send.bytes(), send.bytes() + send.nbytes());
+      work = TensorView{scratch.data(), send.numel, send.dtype, send.device};
+    }
+    if (size() > 1) {
+      run("reduce", [&] {
+        ::gloo::ReduceOptions opts(context_);
+        opts.setTag(next_tag());
+        opts.setRoot(root);
+        set_typed_output(opts, work);
+        opts.setReduceFunction(reduce_function(op, work.dtype));
+        ::gloo::reduce(opts);
+      });
+    }
+    if (is_root && op == ReduceOp::kAvg) divide_inplace(recv, size());
+  }
+
+  void broadcast(const TensorView& buffer, int root) override {
+    check_root("broadcast", root);
+    if (buffer.numel == 0 || size() == 1) return;
+    count(buffer.nbytes());
+    run("broadcast", [&] {
+      ::gloo::BroadcastOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setRoot(root);
+      opts.setOutput(buffer.bytes(), buffer.nbytes());
+      ::gloo::broadcast(opts);
+    });
+  }
+
+  void allgather(const TensorView& send, const TensorView& recv) override {
+    check_gathered("allgather", send, recv);
+    if (send.numel == 0) return;
+    if (size() == 1) return copy_if_distinct(send, recv);
+    count(send.nbytes() * (size() - 1));
+    run("allgather", [&] {
+      ::gloo::AllgatherOptions opts(context_);
+      opts.setTag(next_tag());
+      // Gloo reads this rank's slice from the output buffer when the input
+      // aliases it; a separate input is the general case.
+      opts.setInput(send.bytes(), send.nbytes());
+      opts.setOutput(recv.bytes(), recv.nbytes());
+      ::gloo::allgather(opts);
+    });
+  }
+
+  void gather(const TensorView& send, const TensorView& recv, int root) override {
+    check_root("gather", root);
+    if (rank() == root) check_gathered("gather", send, recv);
+    if (send.numel == 0) return;
+    if (size() == 1) return copy_if_distinct(send, recv);
+    count(send.nbytes());
+    run("gather", [&] {
+      ::gloo::GatherOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setRoot(root);
+      opts.setInput(send.bytes(), send.nbytes());
+      if (rank() == root) opts.setOutput(recv.bytes(), recv.nbytes());
+      ::gloo::gather(opts);
+    });
+  }
+
+  void scatter(const TensorView& send, const TensorView& recv, int root) override {
+    check_root("scatter", root);
+    if (rank() == root) check_gathered("scatter", recv, send);
+    if (recv.numel == 0) return;
+    if (size() == 1) return copy_if_distinct(send, recv);
+    count(recv.nbytes());
+    run("scatter", [&] {
+      ::gloo::ScatterOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setRoot(root);
+      if (rank() == root) {
+        std::vector<std::byte*> chunks;
+        for (int r = 0; r < size(); ++r) chunks.push_back(send.bytes() + r * recv.nbytes());
+        opts.setInputs(chunks, recv.nbytes());
+      }
+      opts.setOutput(recv.bytes(), recv.nbytes());
+      ::gloo::scatter(opts);
+    });
+  }
+
+  void reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) override {
+    check_gathered("reduce_scatter", recv, send);
+    if (recv.numel == 0) return;
+    // Scatter-reduce: every rank receives the n copies of its own chunk with
+    // one alltoall, then reduces them locally. (n-1)/n of the buffer moves.
+    std::vector<std::byte> gathered(send.nbytes());
+    TensorView copies{gathered.data(), send.numel, send.dtype, send.device};
+    alltoall(send, copies);
+    copy_if_distinct(copies.slice(0, recv.numel), recv);
+    for (int r = 1; r < size(); ++r) {
+      reduce_into(op, recv, recv, copies.slice(r * recv.numel, recv.numel));
+    }
+    if (op == ReduceOp::kAvg) divide_inplace(recv, size());
+  }
+
+  void alltoall(const TensorView& send, const TensorView& recv) override {
+    check_same_shape("alltoall", send, recv);
+    BAGUA_CHECK_ARG(send.numel % size() == 0,
+                    "alltoall on rank {}: {} elements do not split into {} equal chunks", rank(),
+                    send.numel, size());
+    if (send.numel == 0) return;
+    if (size() == 1) return copy_if_distinct(send, recv);
+    count(send.nbytes() * (size() - 1) / size());
+    run("alltoall", [&] {
+      ::gloo::AlltoallOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setInput(send.bytes(), send.nbytes());
+      opts.setOutput(recv.bytes(), recv.nbytes());
+      ::gloo::alltoall(opts);
+    });
+  }
+
+  void send(const TensorView& buffer, int peer) override {
+    check_peer("send", peer);
+    if (buffer.numel == 0) return;
+    count(buffer.nbytes());
+    run("send", [&] {
+      auto unbound = context_->createUnboundBuffer(buffer.data, buffer.nbytes());
+      unbound->send(peer, kP2PSlotBase + send_sequence_[static_cast<std::size_t>(peer)]++);
+      unbound->waitSend(options_.timeout);
+    });
+  }
+
+  void recv(const TensorView& buffer, int peer) override {
+    check_peer("recv", peer);
+    if (buffer.numel == 0) return;
+    run("recv", [&] {
+      auto unbound = context_->createUnboundBuffer(buffer.data, buffer.nbytes());
+      unbound->recv(peer, kP2PSlotBase + recv_sequence_[static_cast<std::size_t>(peer)]++);
+      unbound->waitRecv(options_.timeout);
+    });
+  }
+
+  void barrier() override {
+    if (size() == 1) return;
+    run("barrier", [&] {
+      ::gloo::BarrierOptions opts(context_);
+      opts.setTag(next_tag());
+      ::gloo::barrier(opts);
+    });
+  }
+
+  void abort() noexcept override { aborted_.store(true); }
+
+  std::unique_ptr<Communicator> new_group(std::span<const int> ranks) override {
+    BAGUA_CHECK_ARG(!ranks.empty(), "new_group: the rank list is empty");
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      BAGUA_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size(),
+                      "new_group: rank {} is outside the group of size {}", ranks[i], size());
+      BAGUA_CHECK_ARG(i == 0 || ranks[i] > ranks[i - 1],
+                      "new_group: ranks must be sorted and unique, got {} after {}", ranks[i],
+                      ranks[i - 1]);
+    }
+    const std::string prefix = fmt::format("{}/group{}", options_.prefix, group_counter_++);
+    const auto found = std::find(ranks.begin(), ranks.end(), rank());
+    if (found == ranks.end()) return nullptr;
+    GlooOptions child = options_;
+    child.prefix = prefix;
+    return std::make_unique<GlooCommunicator>(store_, static_cast<int>(found - ranks.begin()),
+                                              static_cast<int>(ranks.size()), child);
+  }
+
+ private:
+  // Runs one Gloo call, translating its failures into our error types with
+  // the op, rank and group named.
+  template <typename Fn>
+  void run(std::string_view op, Fn&& fn) {
+    if (aborted_.load()) {
+      throw BackendError(fmt::format("{} on rank {} of {}: the communicator was aborted", op,
+                                     context_ ? rank() : -1, context_ ? size() : -1));
+    }
+    try {
+      fn();
+    } catch (const ::gloo::Exception& e) {
+      const std::string where = fmt::format("{} on rank {} (group '{}', {}, timeout {} ms)", op,
+                                            context_ ? rank() : -1, options_.prefix,
+                                            backend_name(), options_.timeout.count());
+      if (looks_like_timeout(e.what())) {
+        throw TimeoutError(fmt::format("{} timed out: {}", where, e.what()));
+      }
+      throw BackendError(fmt::format("{} failed: {}", where, e.what()));
+    }
+  }
+
+  std::uint32_t next_tag() { return tag_++; }
+
+  void count(std::size_t bytes_sent) {
+    counters_.bytes_sent += static_cast<std::int64_t>(bytes_sent);
+    counters_.bytes_received += static_cast<std::int64_t>(bytes_sent);
+    counters_.calls += 1;
+  }
+
+  void check_root(std::string_view op, int root) const {
+    BAGUA_CHECK_ARG(root >= 0 && root < size(), "{}: root {} is outside the group of size {}", op,
+                    root, size());
+  }
+  void check_peer(std::string_view op, int peer) const {
+    BAGUA_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
+                    "{} on rank {}: peer {} is not another rank of the group of size {}", op,
+                    rank(), peer, size());
+  }
+  static void check_same_shape(std::string_view op, const TensorView& a, const TensorView& b) {
+    BAGUA_CHECK_ARG(a.numel == b.numel && a.dtype == b.dtype,
+                    "{}: input {} and output {} differ", op, a.describe(), b.describe());
+  }
+  void check_gathered(std::string_view op, const TensorView& part, const TensorView& whole) const {
+    BAGUA_CHECK_ARG(part.dtype == whole.dtype && whole.numel == part.numel * size(),
+                    "{}: expected a {}-rank buffer of {} x {} elements, got {}", op, size(),
+                    size(), part.describe(), whole.describe());
+  }
+  static void copy_if_distinct(const TensorView& from, const TensorView& to) {
+    if (from.data != to.data && from.nbytes() > 0) std::memcpy(to.data, from.data, from.nbytes());
+  }
+
+  static ::gloo::AllreduceOptions::Func reduce_function(ReduceOp op, DType dtype) {
+    return dispatch_dtype(dtype, [op](auto tag) -> ::gloo::AllreduceOptions::Func {
+      using T = decltype(tag);
+      return [op](void* out, const void* a, const void* b, std::size_t n) {
+        reduce_elements<T>(op, static_cast<T*>(out), static_cast<const T*>(a),
+                           static_cast<const T*>(b), n);
+      };
+    });
+  }
+
+  // Reductions need the element type: Gloo passes the reduce function a count
+  // of elements and never splits one element across two segments.
+  template <typename Options>
+  static void set_typed_output(Options& opts, const TensorView& view) {
+    dispatch_dtype(view.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      opts.setOutput(view.data_as<T>(), static_cast<std::size_t>(view.numel));
+    });
+  }
+
+  std::shared_ptr<Store> store_;
+  GlooOptions options_;
+  std::shared_ptr<::gloo::Context> context_;
+  std::uint32_t tag_ = 0;
+  int group_counter_ = 0;
+  std::vector<std::uint64_t> send_sequence_;
+  std::vector<std::uint64_t> recv_sequence_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, int rank,
+                                                     int size, GlooOptions options) {
+  BAGUA_CHECK_ARG(store != nullptr, "make_gloo_communicator: store is null");
+  BAGUA_CHECK_ARG(size >= 1 && rank >= 0 && rank < size,
+                  "make_gloo_communicator: rank {} / size {} is not a valid rank", rank, size);
+  return std::make_unique<GlooCommunicator>(std::move(store), rank, size, std::move(options));
+}
+
+}  // namespace bagua

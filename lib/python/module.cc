@@ -1,0 +1,310 @@
+// The Python module `bagua_core`: the runtime's types and functions, with
+// the GIL released around everything that communicates or waits.
+//
+// Errors: every bagua::Error subclass maps to a Python exception class that
+// derives from both BaguaError and the matching builtin (ValueError,
+// TimeoutError, RuntimeError), so callers can catch either.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bagua/bagua.h"
+#include "bagua/core/cuda_support.h"
+#include "bagua/core/env.h"
+#include "bagua/core/logging.h"
+
+namespace py = pybind11;
+using namespace bagua;
+
+namespace {
+
+// A Python object that may be dropped from any thread: takes the GIL to
+// release its reference.
+template <typename T = py::object>
+std::shared_ptr<T> gil_safe(T object) {
+  return std::shared_ptr<T>(new T(std::move(object)), [](T* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+// PyTorch's c10d store (or any object with set/get/wait) as a bagua::Store.
+class PythonStore final : public Store {
+ public:
+  explicit PythonStore(py::object store) : store_(gil_safe(std::move(store))) {}
+
+  void set(const std::string& key, const std::vector<char>& value) override {
+    call("set", key, [&] { store_->attr("set")(key, py::bytes(value.data(), value.size())); });
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    std::vector<char> result;
+    call("get", key, [&] {
+      std::string bytes = py::bytes(store_->attr("get")(key));
+      result.assign(bytes.begin(), bytes.end());
+    });
+    return result;
+  }
+
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    call("wait", keys.empty() ? std::string() : keys.front(), [&] {
+      py::object timedelta = py::module_::import("datetime").attr("timedelta");
+      store_->attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
+    });
+  }
+
+ private:
+  template <typename Fn>
+  void call(const char* what, const std::string& key, Fn&& fn) {
+    py::gil_scoped_acquire gil;
+    try {
+      fn();
+    } catch (py::error_already_set& e) {
+      throw StoreError(fmt::format("store {} '{}' failed: {}", what, key, e.what()));
+    }
+  }
+
+  std::shared_ptr<py::object> store_;
+};
+
+// A Python callable run on the communication thread.
+std::function<void(const std::string&)> python_callback(py::function fn) {
+  auto held = gil_safe(py::object(std::move(fn)));
+  return [held](const std::string& bucket_name) {
+    py::gil_scoped_acquire gil;
+    try {
+      (*held)(bucket_name);
+    } catch (py::error_already_set& e) {
+      throw BackendError(fmt::format("python op raised: {}", e.what()));
+    }
+  };
+}
+
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return Device{DeviceType::kCPU, -1};
+  if (text.rfind("cuda", 0) == 0) {
+    const auto colon = text.find(':');
+    return Device{DeviceType::kCUDA, colon == std::string::npos ? 0 : std::stoi(text.substr(colon + 1))};
+  }
+  throw InvalidArgument("unsupported device '" + text + "' (expected cpu or cuda[:index])");
+}
+
+ReduceOp parse_reduce_op(const std::string& name) {
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
+                  ReduceOp::kProduct}) {
+    if (to_string(op) == name) return op;
+  }
+  throw InvalidArgument("unsupported reduce op '" + name +
+                        "' (supported: sum, avg, min, max, product)");
+}
+
+// The Python exception classes, created once at import and kept for the life
+// of the interpreter (the translator below must be a plain function).
+struct ExceptionClasses {
+  py::handle base, invalid, timeout, backend, store, internal;
+};
+ExceptionClasses exception_classes;
+
+void translate_exception(std::exception_ptr p) {
+  const auto& c = exception_classes;
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const InvalidArgument& e) {
+    PyErr_SetString(c.invalid.ptr(), e.what());
+  } catch (const TimeoutError& e) {
+    PyErr_SetString(c.timeout.ptr(), e.what());
+  } catch (const BackendError& e) {
+    PyErr_SetString(c.backend.ptr(), e.what());
+  } catch (const StoreError& e) {
+    PyErr_SetString(c.store.ptr(), e.what());
+  } catch (const InternalError& e) {
+    PyErr_SetString(c.internal.ptr(), e.what());
+  } catch (const Error& e) {
+    PyErr_SetString(c.base.ptr(), e.what());
+  }
+}
+
+py::handle make_exception(py::module_& m, const char* name, py::tuple bases) {
+  PyObject* type = PyErr_NewException((std::string("bagua_core.") + name).c_str(), bases.ptr(), nullptr);
+  if (type == nullptr) throw py::error_already_set();
+  m.attr(name) = py::handle(type);  // the module's reference keeps it alive
+  return py::handle(type);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(bagua_core, m) {
+  m.doc() = "bagua runtime: communicators, buckets, comm ops and the scheduler";
+
+  auto base = make_exception(m, "BaguaError", py::make_tuple(py::handle(PyExc_RuntimeError)));
+  auto invalid = make_exception(m, "InvalidArgumentError",
+                                py::make_tuple(base, py::handle(PyExc_ValueError)));
+  auto timeout = make_exception(m, "CommTimeoutError",
+                                py::make_tuple(base, py::handle(PyExc_TimeoutError)));
+  auto backend = make_exception(m, "BackendError", py::make_tuple(base));
+  auto store = make_exception(m, "StoreError", py::make_tuple(base));
+  auto internal = make_exception(m, "InternalError", py::make_tuple(base));
+  exception_classes = {base, invalid, timeout, backend, store, internal};
+  py::register_exception_translator(&translate_exception);
+
+  m.def("cuda_compiled", &cuda_compiled);
+  m.def("cuda_device_count", &cuda_device_count);
+  m.def("default_bucket_bytes", [] { return env().default_bucket_bytes; });
+  m.def("comm_timeout_s", [] { return static_cast<double>(env().comm_timeout.count()) / 1000.0; });
+  m.def("log", [](const std::string& level, const std::string& message) {
+    log().log(spdlog::level::from_str(level), "{}", message);
+  });
+
+  py::class_<TensorView>(m, "TensorView")
+      .def(py::init([](std::uintptr_t data, std::int64_t numel, const std::string& dtype,
+                       const std::string& device) {
+             BAGUA_CHECK_ARG(numel >= 0, "negative element count {}", numel);
+             return TensorView{reinterpret_cast<void*>(data), numel, parse_dtype(dtype),
+                               parse_device(device)};
+           }),
+           py::arg("data_ptr"), py::arg("numel"), py::arg("dtype"), py::arg("device") = "cpu")
+      .def_property_readonly("numel", [](const TensorView& v) { return v.numel; })
+      .def_property_readonly("dtype", [](const TensorView& v) { return std::string(to_string(v.dtype)); })
+      .def_property_readonly("data_ptr", [](const TensorView& v) { return reinterpret_cast<std::uintptr_t>(v.data); })
+      .def("__repr__", &TensorView::describe);
+
+  py::class_<Store, std::shared_ptr<Store>>(m, "Store")
+      .def("set", [](Store& s, const std::string& key, const py::bytes& value) {
+        std::string bytes = value;
+        s.set(key, std::vector<char>(bytes.begin(), bytes.end()));
+      })
+      .def("get", [](Store& s, const std::string& key) {
+        auto value = s.get(key);
+        return py::bytes(value.data(), value.size());
+      });
+  m.def("python_store", [](py::object store) -> std::shared_ptr<Store> {
+    return std::make_shared<PythonStore>(std::move(store));
+  });
+  m.def("hash_store", &make_hash_store);
+  m.def("file_store", &make_file_store);
+
+  using CommPtr = std::shared_ptr<Communicator>;
+  const auto release = py::call_guard<py::gil_scoped_release>();
+  py::class_<Communicator, CommPtr>(m, "Communicator")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("backend_name", &Communicator::backend_name)
+      .def("allreduce", [](Communicator& c, const TensorView& s, const TensorView& r, const std::string& op) {
+        c.allreduce(s, r, parse_reduce_op(op));
+      }, release)
+      .def("reduce", [](Communicator& c, const TensorView& s, const TensorView& r, int root, const std::string& op) {
+        c.reduce(s, r, root, parse_reduce_op(op));
+      }, release)
+      .def("broadcast", &Communicator::broadcast, release)
+      .def("allgather", &Communicator::allgather, release)
+      .def("gather", &Communicator::gather, release)
+      .def("scatter", &Communicator::scatter, release)
+      .def("reduce_scatter", [](Communicator& c, const TensorView& s, const TensorView& r, const std::string& op) {
+        c.reduce_scatter(s, r, parse_reduce_op(op));
+      }, release)
+      .def("alltoall", &Communicator::alltoall, release)
+      .def("send", &Communicator::send, release)
+      .def("recv", &Communicator::recv, release)
+      .def("barrier", &Communicator::barrier, release)
+      .def("abort", &Communicator::abort)
+      .def("verify_same_call", &Communicator::verify_same_call, py::arg("op"), py::arg("tensor"),
+           py::arg("root") = -1, release)
+      .def("new_group", [](Communicator& c, std::vector<int> ranks) -> CommPtr {
+        return c.new_group(ranks);
+      }, release)
+      .def_property_readonly("bytes_sent", [](const Communicator& c) { return c.counters().bytes_sent.load(); })
+      .def_property_readonly("calls", [](const Communicator& c) { return c.counters().calls.load(); });
+
+  m.def("gloo_communicator",
+        [](std::shared_ptr<Store> store, int rank, int size, const std::string& prefix,
+           const std::string& interface_name, const std::string& hostname, double timeout_s) -> CommPtr {
+          GlooOptions options{.prefix = prefix, .interface_name = interface_name, .hostname = hostname,
+                              .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000))};
+          return make_gloo_communicator(std::move(store), rank, size, std::move(options));
+        },
+        py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("prefix") = "bagua",
+        py::arg("interface_name") = "", py::arg("hostname") = "", py::arg("timeout_s") = 0.0, release);
+
+  py::class_<HierarchicalComms, std::shared_ptr<HierarchicalComms>>(m, "HierarchicalComms")
+      .def_readonly("intra", &HierarchicalComms::intra)
+      .def_readonly("inter", &HierarchicalComms::inter)
+      .def_readonly("local_size", &HierarchicalComms::local_size)
+      .def_property_readonly("is_leader", &HierarchicalComms::is_leader);
+  m.def("hierarchical_comms", [](Communicator& global, int local_size) {
+    return std::make_shared<HierarchicalComms>(make_hierarchical_comms(global, local_size));
+  }, release);
+
+  py::class_<Bucket, std::shared_ptr<Bucket>>(m, "Bucket")
+      .def(py::init([](std::string name, const std::vector<std::pair<std::string, TensorView>>& tensors) {
+             std::vector<BucketTensor> list;
+             for (const auto& [tensor_name, view] : tensors) list.push_back({tensor_name, view});
+             return std::make_shared<Bucket>(std::move(name), std::move(list));
+           }),
+           py::arg("name"), py::arg("tensors"))
+      .def_property_readonly("name", &Bucket::name)
+      .def_property_readonly("numel", &Bucket::numel)
+      .def_property_readonly("is_flat", &Bucket::is_flat)
+      .def_property_readonly("op_names", [](const Bucket& b) {
+        std::vector<std::string> names;
+        for (const auto& op : b.ops()) names.emplace_back(op->name());
+        return names;
+      })
+      .def("clear_ops", &Bucket::clear_ops)
+      .def("append_centralized_synchronous_op",
+           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
+              bool hierarchical, bool average, bool scattergather) {
+             b.append_op(std::make_unique<CentralizedSynchronousOp>(
+                 std::move(global), std::move(hierarchy),
+                 CentralizedSynchronousOptions{.hierarchical = hierarchical, .average = average,
+                                               .scattergather = scattergather}));
+           },
+           py::arg("communicator"), py::arg("hierarchy"), py::arg("hierarchical"),
+           py::arg("average"), py::arg("scattergather"))
+      .def("append_python_op", [](Bucket& b, py::function fn) {
+        b.append_op(std::make_unique<CallbackOp>(python_callback(std::move(fn))));
+      })
+      .def("execute_ops", [](Bucket& b) {
+        for (const auto& op : b.ops()) op->execute(b);
+      }, release);
+
+  py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
+      .def(py::init([](int rank, double timeout_s) {
+             // Destroy with the GIL released: the communication thread may
+             // need it to finish a python op before it can be joined.
+             return std::shared_ptr<Backend>(
+                 new Backend(BackendOptions{.rank = rank,
+                                            .timeout = std::chrono::milliseconds(
+                                                static_cast<std::int64_t>(timeout_s * 1000))}),
+                 [](Backend* backend) {
+                   if (PyGILState_Check()) {
+                     py::gil_scoped_release nogil;
+                     delete backend;
+                   } else {
+                     delete backend;
+                   }
+                 });
+           }),
+           py::arg("rank"), py::arg("timeout_s") = 0.0)
+      .def("register_ordered_buckets", &Backend::register_ordered_buckets)
+      .def("mark_communication_ready", &Backend::mark_communication_ready)
+      .def("mark_remaining_ready", &Backend::mark_remaining_ready)
+      .def("wait_pending_comm_ops", &Backend::wait_pending_comm_ops, release)
+      .def("last_ready_order", &Backend::last_ready_order)
+      .def_property_readonly("completed_iterations", &Backend::completed_iterations);
+
+  m.def("plan_buckets",
+        [](const std::vector<std::tuple<std::string, std::int64_t, std::string, std::string>>& declared,
+           std::int64_t bucket_bytes) {
+          std::vector<TensorDeclaration> tensors;
+          for (const auto& [name, numel, dtype, device] : declared) {
+            tensors.push_back({name, numel, parse_dtype(dtype), parse_device(device)});
+          }
+          return plan_buckets(tensors, bucket_bytes);
+        },
+        py::arg("tensors"), py::arg("bucket_bytes"));
+}

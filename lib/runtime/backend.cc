@@ -1,0 +1,210 @@
+#include "bagua/runtime/backend.h"
+
+#include <fmt/format.h>
+
+#include "bagua/core/env.h"
+#include "bagua/core/errors.h"
+#include "bagua/core/logging.h"
+
+namespace bagua {
+
+Backend::Backend(BackendOptions options) : options_(std::move(options)) {
+  if (options_.timeout.count() <= 0) options_.timeout = env().comm_timeout;
+  thread_ = std::jthread([this](std::stop_token stop) { communication_loop(stop); });
+}
+
+Backend::~Backend() {
+  thread_.request_stop();
+  changed_.notify_all();
+  // jthread joins here; a running op finishes or hits its transport timeout.
+}
+
+void Backend::register_ordered_buckets(std::vector<std::shared_ptr<Bucket>> buckets) {
+  std::unique_lock lock(mutex_);
+  rethrow_if_failed_locked();
+  BAGUA_CHECK_ARG(next_to_schedule_ == completed_ && queue_.empty() && running_bucket_.empty(),
+                  "rank {}: register_ordered_buckets while communication is in flight; call "
+                  "wait_pending_comm_ops first",
+                  options_.rank);
+  std::unordered_map<std::string, TensorSlot> slots;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    BAGUA_CHECK_ARG(buckets[b] != nullptr, "rank {}: bucket {} is null", options_.rank, b);
+    const auto& tensors = buckets[b]->tensors();
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const bool inserted = slots.emplace(tensors[t].name, TensorSlot{b, t}).second;
+      BAGUA_CHECK_ARG(inserted, "rank {}: tensor '{}' appears in more than one bucket slot",
+                      options_.rank, tensors[t].name);
+    }
+  }
+  buckets_ = std::move(buckets);
+  slots_ = std::move(slots);
+  tensor_ready_.assign(buckets_.size(), {});
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    tensor_ready_[b].assign(buckets_[b]->tensors().size(), false);
+  }
+  ready_count_.assign(buckets_.size(), 0);
+  next_to_schedule_ = 0;
+  completed_ = 0;
+  ready_order_.clear();
+  log().debug("rank {}: registered {} buckets", options_.rank, buckets_.size());
+}
+
+void Backend::mark_communication_ready(const std::string& tensor_name) {
+  std::unique_lock lock(mutex_);
+  mark_locked(tensor_name, lock);
+}
+
+void Backend::mark_locked(const std::string& tensor_name, std::unique_lock<std::mutex>& lock) {
+  rethrow_if_failed_locked();
+  const auto found = slots_.find(tensor_name);
+  BAGUA_CHECK_ARG(found != slots_.end(), "rank {}: tensor '{}' is not in any registered bucket",
+                  options_.rank, tensor_name);
+  const auto [b, t] = found->second;
+  BAGUA_CHECK_ARG(!tensor_ready_[b][t],
+                  "rank {}: tensor '{}' of bucket '{}' was marked ready twice in one iteration "
+                  "(missing wait_pending_comm_ops?)",
+                  options_.rank, tensor_name, buckets_[b]->name());
+  tensor_ready_[b][t] = true;
+  ready_count_[b] += 1;
+  ready_order_.push_back(tensor_name);
+  schedule_ready_buckets_locked();
+  if (!queue_.empty()) {
+    lock.unlock();
+    changed_.notify_all();
+  }
+}
+
+void Backend::mark_remaining_ready() {
+  std::unique_lock lock(mutex_);
+  rethrow_if_failed_locked();
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    for (std::size_t t = 0; t < buckets_[b]->tensors().size(); ++t) {
+      if (!tensor_ready_[b][t]) {
+        tensor_ready_[b][t] = true;
+        ready_count_[b] += 1;
+      }
+    }
+  }
+  schedule_ready_buckets_locked();
+  lock.unlock();
+  changed_.notify_all();
+}
+
+void Backend::schedule_ready_buckets_locked() {
+  while (next_to_schedule_ < buckets_.size() &&
+         ready_count_[next_to_schedule_] == buckets_[next_to_schedule_]->tensors().size()) {
+    queue_.push_back(next_to_schedule_);
+    ++next_to_schedule_;
+  }
+}
+
+void Backend::wait_pending_comm_ops() {
+  std::unique_lock lock(mutex_);
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  const bool finished = changed_.wait_until(lock, deadline, [&] {
+    return failure_ != nullptr || completed_ == buckets_.size();
+  });
+  rethrow_if_failed_locked();
+  if (!finished) {
+    auto error = TimeoutError(fmt::format(
+        "rank {}: wait_pending_comm_ops timed out after {} ms (BAGUA_COMM_TIMEOUT_S): {}",
+        options_.rank, options_.timeout.count(), describe_pending_locked()));
+    failure_ = std::make_exception_ptr(error);
+    throw error;
+  }
+  for (auto& flags : tensor_ready_) flags.assign(flags.size(), false);
+  ready_count_.assign(buckets_.size(), 0);
+  next_to_schedule_ = 0;
+  completed_ = 0;
+  last_ready_order_ = std::move(ready_order_);
+  ready_order_.clear();
+  ++iterations_;
+}
+
+std::vector<std::string> Backend::last_ready_order() const {
+  std::lock_guard lock(mutex_);
+  return last_ready_order_;
+}
+
+std::size_t Backend::completed_iterations() const {
+  std::lock_guard lock(mutex_);
+  return iterations_;
+}
+
+void Backend::rethrow_if_failed_locked() const {
+  if (failure_) std::rethrow_exception(failure_);
+}
+
+std::string Backend::describe_pending_locked() const {
+  if (!running_bucket_.empty()) {
+    return fmt::format("op '{}' of bucket '{}' is still running (a peer may be missing or slow)",
+                       running_op_, running_bucket_);
+  }
+  if (next_to_schedule_ < buckets_.size()) {
+    const auto& bucket = *buckets_[next_to_schedule_];
+    std::string missing;
+    for (std::size_t t = 0; t < bucket.tensors().size(); ++t) {
+      if (!tensor_ready_[next_to_schedule_][t]) {
+        missing += (missing.empty() ? "" : ", ") + bucket.tensors()[t].name;
+      }
+    }
+    return fmt::format("bucket '{}' never became ready: tensors not marked ready: [{}]",
+                       bucket.name(), missing);
+  }
+  return fmt::format("{} of {} buckets completed", completed_, buckets_.size());
+}
+
+void Backend::communication_loop(std::stop_token stop) {
+  std::unique_lock lock(mutex_);
+  while (!stop.stop_requested()) {
+    changed_.wait(lock, stop, [&] { return !queue_.empty(); });
+    if (stop.stop_requested()) return;
+    const std::size_t index = queue_.front();
+    queue_.pop_front();
+    auto bucket = buckets_[index];
+    running_bucket_ = bucket->name();
+    lock.unlock();
+    std::exception_ptr failure;
+    std::string failed_op;
+    for (const auto& op : bucket->ops()) {
+      {
+        std::lock_guard guard(mutex_);
+        running_op_ = std::string(op->name());
+      }
+      try {
+        op->execute(*bucket);
+      } catch (const Error& e) {
+        failure = std::current_exception();
+        failed_op = std::string(op->name());
+        log().error("rank {}: op '{}' of bucket '{}' failed: {}", options_.rank, failed_op,
+                    bucket->name(), e.what());
+        // Name where it happened, keeping the original error type.
+        const std::string where = fmt::format("rank {}: op '{}' of bucket '{}': ", options_.rank,
+                                              failed_op, bucket->name());
+        if (dynamic_cast<const TimeoutError*>(&e)) {
+          failure = std::make_exception_ptr(TimeoutError(where + e.what()));
+        } else if (dynamic_cast<const InvalidArgument*>(&e)) {
+          failure = std::make_exception_ptr(InvalidArgument(where + e.what()));
+        } else {
+          failure = std::make_exception_ptr(BackendError(where + e.what()));
+        }
+        break;
+      } catch (const std::exception& e) {
+        failure = std::make_exception_ptr(BackendError(fmt::format(
+            "rank {}: op '{}' of bucket '{}' failed: {}", options_.rank, op->name(),
+            bucket->name(), e.what())));
+        break;
+      }
+    }
+    lock.lock();
+    running_bucket_.clear();
+    running_op_.clear();
+    if (failure && !failure_) failure_ = failure;
+    ++completed_;
+    lock.unlock();
+    changed_.notify_all();
+    lock.lock();
+  }
+}
+
+}  // namespace bagua

@@ -1,0 +1,213 @@
+// The backend: buckets run in registration order whatever order tensors
+// become ready in, the C_FP_S op gives the reference sum/average (flat,
+// scatter-gather, hierarchical; flattened or not), failures and hangs reach
+// the waiting thread with rank, op and bucket named.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "bagua/ops/callback_op.h"
+#include "bagua/ops/centralized_synchronous.h"
+#include "bagua/runtime/backend.h"
+#include "rank_threads.h"
+
+using namespace bagua;
+
+namespace {
+
+TensorView view_of(std::vector<float>& data) {
+  return TensorView{data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32, {}};
+}
+
+}  // namespace
+
+TEST_CASE("buckets execute in registration order, not readiness order") {
+  Backend backend(BackendOptions{.rank = 0, .timeout = std::chrono::seconds(10)});
+  std::vector<std::vector<float>> data(3, std::vector<float>(4));
+  std::mutex mutex;
+  std::vector<std::string> executed;
+  std::vector<std::shared_ptr<Bucket>> buckets;
+  for (int b = 0; b < 3; ++b) {
+    auto bucket = std::make_shared<Bucket>(
+        "b" + std::to_string(b), std::vector<BucketTensor>{{"t" + std::to_string(b), view_of(data[b])}});
+    bucket->append_op(std::make_unique<CallbackOp>([&](const std::string& name) {
+      std::lock_guard lock(mutex);
+      executed.push_back(name);
+    }));
+    buckets.push_back(bucket);
+  }
+  backend.register_ordered_buckets(buckets);
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    executed.clear();
+    backend.mark_communication_ready("t2");
+    backend.mark_communication_ready("t1");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    {
+      std::lock_guard lock(mutex);
+      CHECK(executed.empty());  // b0 is not ready, so nothing may start
+    }
+    backend.mark_communication_ready("t0");
+    backend.wait_pending_comm_ops();
+    CHECK(executed == std::vector<std::string>{"b0", "b1", "b2"});
+    CHECK(backend.last_ready_order() == std::vector<std::string>{"t2", "t1", "t0"});
+  }
+  CHECK(backend.completed_iterations() == 3);
+}
+
+TEST_CASE("readiness errors: unknown tensor, marked twice") {
+  Backend backend(BackendOptions{.rank = 3, .timeout = std::chrono::seconds(10)});
+  std::vector<float> a(2), b(2);
+  auto bucket = std::make_shared<Bucket>("only",
+                                         std::vector<BucketTensor>{{"a", view_of(a)}, {"b", view_of(b)}});
+  backend.register_ordered_buckets({bucket});
+  CHECK_THROWS_AS(backend.mark_communication_ready("missing"), InvalidArgument);
+  backend.mark_communication_ready("a");
+  CHECK_THROWS_WITH_AS(backend.mark_communication_ready("a"),
+                       doctest::Contains("marked ready twice"), InvalidArgument);
+  backend.mark_remaining_ready();
+  backend.wait_pending_comm_ops();
+}
+
+TEST_CASE("a bucket that never becomes ready is a TimeoutError naming it and its tensors") {
+  Backend backend(BackendOptions{.rank = 1, .timeout = std::chrono::milliseconds(300)});
+  std::vector<float> a(2), b(2);
+  auto bucket = std::make_shared<Bucket>("grads0",
+                                         std::vector<BucketTensor>{{"w", view_of(a)}, {"bias", view_of(b)}});
+  backend.register_ordered_buckets({bucket});
+  backend.mark_communication_ready("w");
+  CHECK_THROWS_WITH_AS(backend.wait_pending_comm_ops(),
+                       doctest::Contains("rank 1: wait_pending_comm_ops timed out"), TimeoutError);
+  // The backend stays failed.
+  CHECK_THROWS_AS(backend.wait_pending_comm_ops(), TimeoutError);
+}
+
+TEST_CASE("a failing op reaches the waiting thread with op and bucket named") {
+  Backend backend(BackendOptions{.rank = 2, .timeout = std::chrono::seconds(10)});
+  std::vector<float> a(2);
+  auto bucket = std::make_shared<Bucket>("bad", std::vector<BucketTensor>{{"a", view_of(a)}});
+  bucket->append_op(std::make_unique<CallbackOp>(
+      [](const std::string&) { throw InvalidArgument("deliberate failure"); }));
+  backend.register_ordered_buckets({bucket});
+  backend.mark_communication_ready("a");
+  CHECK_THROWS_WITH_AS(backend.wait_pending_comm_ops(),
+                       doctest::Contains("rank 2: op 'python_op' of bucket 'bad': deliberate failure"),
+                       InvalidArgument);
+}
+
+TEST_CASE("a bucket rejects mixed dtypes") {
+  std::vector<float> a(2);
+  std::vector<double> b(2);
+  CHECK_THROWS_AS(Bucket("mixed", {{"a", view_of(a)}, {"b", TensorView{b.data(), 2, DType::kFloat64, {}}}}),
+                  InvalidArgument);
+}
+
+TEST_CASE("C_FP_S gives the sum or average for every mode, flat or not, unequal buckets") {
+  struct Mode {
+    bool hierarchical, average, scattergather, flat;
+  };
+  const std::vector<Mode> modes{
+      {false, true, false, true},  {false, false, false, false}, {false, true, true, true},
+      {false, false, true, false}, {true, true, false, true},    {true, false, true, false},
+  };
+  for (int world = 1; world <= 5; ++world) {
+    for (const Mode& mode : modes) {
+      CAPTURE(world);
+      CAPTURE(mode.hierarchical);
+      CAPTURE(mode.average);
+      CAPTURE(mode.scattergather);
+      CAPTURE(mode.flat);
+      testing::run_ranks(world, [&](Communicator& comm_ref) {
+        const int rank = comm_ref.rank();
+        // The op owns shared communicators: make one for the bucket ops.
+        std::shared_ptr<Communicator> comm = comm_ref.new_group([&] {
+          std::vector<int> all(static_cast<std::size_t>(world));
+          std::iota(all.begin(), all.end(), 0);
+          return all;
+        }());
+        auto hierarchy = std::make_shared<HierarchicalComms>(make_hierarchical_comms(*comm, 2));
+        // Bucket sizes 1, 7 and 3 x 333 elements (tensors of 333, 1 and 665 in one bucket).
+        const std::vector<std::vector<std::int64_t>> layout{{1}, {3, 4}, {333, 1, 665}};
+        std::vector<std::vector<float>> storage;
+        std::vector<std::shared_ptr<Bucket>> buckets;
+        Backend backend(BackendOptions{.rank = rank, .timeout = std::chrono::seconds(20)});
+        int tensor_id = 0;
+        for (std::size_t b = 0; b < layout.size(); ++b) {
+          std::int64_t total = std::accumulate(layout[b].begin(), layout[b].end(), std::int64_t{0});
+          std::vector<BucketTensor> tensors;
+          if (mode.flat) {
+            storage.emplace_back(static_cast<std::size_t>(total));
+            std::int64_t offset = 0;
+            for (auto n : layout[b]) {
+              tensors.push_back({"t" + std::to_string(tensor_id++), view_of(storage.back()).slice(offset, n)});
+              offset += n;
+            }
+          } else {
+            for (auto n : layout[b]) {
+              storage.emplace_back(static_cast<std::size_t>(n));
+              tensors.push_back({"t" + std::to_string(tensor_id++), view_of(storage.back())});
+            }
+          }
+          auto bucket = std::make_shared<Bucket>("bucket" + std::to_string(b), std::move(tensors));
+          CHECK(bucket->is_flat() == (mode.flat || layout[b].size() == 1));
+          bucket->append_op(std::make_unique<CentralizedSynchronousOp>(
+              comm, hierarchy,
+              CentralizedSynchronousOptions{.hierarchical = mode.hierarchical,
+                                            .average = mode.average,
+                                            .scattergather = mode.scattergather}));
+          buckets.push_back(bucket);
+        }
+        backend.register_ordered_buckets(buckets);
+        for (int iteration = 0; iteration < 2; ++iteration) {
+          for (auto& bucket : buckets) {
+            for (auto& tensor : bucket->tensors()) {
+              for (std::int64_t i = 0; i < tensor.view.numel; ++i) {
+                tensor.view.data_as<float>()[i] = static_cast<float>(rank + 1) * (i % 5 + iteration);
+              }
+            }
+          }
+          // Ready in reverse order, as gradients are.
+          for (int t = tensor_id - 1; t >= 0; --t) backend.mark_communication_ready("t" + std::to_string(t));
+          backend.wait_pending_comm_ops();
+          const float rank_sum = static_cast<float>(world * (world + 1)) / 2.0f;
+          for (auto& bucket : buckets) {
+            for (auto& tensor : bucket->tensors()) {
+              for (std::int64_t i = 0; i < tensor.view.numel; ++i) {
+                float expected = rank_sum * (i % 5 + iteration);
+                if (mode.average) expected /= static_cast<float>(world);
+                REQUIRE(tensor.view.data_as<float>()[i] == doctest::Approx(expected).epsilon(1e-6));
+              }
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("a rank that never joins a bucket's collective: the watchdog names rank, op and bucket") {
+  auto errors = testing::run_ranks_collect_errors(
+      2,
+      [&](Communicator& comm_ref) {
+        std::shared_ptr<Communicator> comm = comm_ref.new_group(std::vector<int>{0, 1});
+        std::vector<float> data(8, 1.0f);
+        auto bucket = std::make_shared<Bucket>("grads7", std::vector<BucketTensor>{{"w", view_of(data)}});
+        bucket->append_op(std::make_unique<CentralizedSynchronousOp>(comm, nullptr,
+                                                                     CentralizedSynchronousOptions{}));
+        Backend backend(BackendOptions{.rank = comm->rank(), .timeout = std::chrono::milliseconds(1500)});
+        backend.register_ordered_buckets({bucket});
+        if (comm->rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+          return;  // never marks its tensor ready
+        }
+        backend.mark_communication_ready("w");
+        backend.wait_pending_comm_ops();
+      },
+      std::chrono::milliseconds(1500));
+  CAPTURE(errors[0]);
+  CHECK(errors[0].find("rank 0") != std::string::npos);
+  CHECK(errors[0].find("bucket 'grads7'") != std::string::npos);
+  CHECK(errors[0].find("centralized_synchronous") != std::string::npos);
+}

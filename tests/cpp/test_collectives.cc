@@ -1,0 +1,270 @@
+// Every collective of the Gloo communicator, 1 to 5 ranks as threads, every
+// dtype, sizes 0, 1, odd and not divisible by the world size, against
+// references computed here from the known inputs.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "bagua/comm/communicator.h"
+#include "rank_threads.h"
+#include "typed_buffer.h"
+
+using namespace bagua;
+using bagua::testing::TypedBuffer;
+
+namespace {
+
+// Input of `rank` at element i: small integers, exact in every dtype even
+// after summing five ranks.
+double input_value(int rank, std::int64_t i) { return static_cast<double>(1 + rank + i % 7); }
+// Inputs for products: 1 or 2, so a product over five ranks stays exact.
+double product_input(int rank, std::int64_t i) { return static_cast<double>(1 + (rank + i) % 2); }
+
+double reference(ReduceOp op, int world, std::int64_t i, bool integer) {
+  double result = op == ReduceOp::kProduct ? product_input(0, i) : input_value(0, i);
+  for (int r = 1; r < world; ++r) {
+    const double v = op == ReduceOp::kProduct ? product_input(r, i) : input_value(r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: result += v; break;
+      case ReduceOp::kProduct: result *= v; break;
+      case ReduceOp::kMin: result = std::min(result, v); break;
+      case ReduceOp::kMax: result = std::max(result, v); break;
+    }
+  }
+  if (op == ReduceOp::kAvg) result = integer ? std::trunc(result / world) : result / world;
+  return result;
+}
+
+void fill(TypedBuffer& buffer, int rank, ReduceOp op) {
+  for (std::int64_t i = 0; i < buffer.numel(); ++i) {
+    buffer.set(i, op == ReduceOp::kProduct ? product_input(rank, i) : input_value(rank, i));
+  }
+}
+
+const std::vector<std::int64_t> kSizes{0, 1, 13, 4099};
+const std::vector<ReduceOp> kOps{ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
+                                 ReduceOp::kProduct};
+
+}  // namespace
+
+TEST_CASE("allreduce, reduce and reduce_scatter match the reference for every op and dtype") {
+  for (int world = 1; world <= 5; ++world) {
+    CAPTURE(world);
+    testing::run_ranks(world, [&](Communicator& comm) {
+      const int rank = comm.rank();
+      for (DType dtype : testing::all_dtypes()) {
+        const bool integer = !is_floating_point(dtype);
+        for (std::int64_t n : kSizes) {
+          for (ReduceOp op : kOps) {
+            TypedBuffer in(dtype, n), out(dtype, n);
+            fill(in, rank, op);
+            comm.allreduce(in.view(), out.view(), op);  // out of place
+            comm.allreduce(in.view(), in.view(), op);   // in place
+            for (std::int64_t i = 0; i < n; ++i) {
+              const double expected = reference(op, world, i, integer);
+              REQUIRE(std::abs(out.get(i) - expected) <= testing::tolerance(dtype, expected));
+              REQUIRE(in.get(i) == out.get(i));
+            }
+
+            const int root = world - 1;
+            TypedBuffer send(dtype, n), recv(dtype, n);
+            fill(send, rank, op);
+            comm.reduce(send.view(), recv.view(), root, op);
+            if (rank == root) {
+              for (std::int64_t i = 0; i < n; ++i) {
+                const double expected = reference(op, world, i, integer);
+                REQUIRE(std::abs(recv.get(i) - expected) <= testing::tolerance(dtype, expected));
+              }
+            }
+            // A non-root's input is left as it was.
+            for (std::int64_t i = 0; i < n; ++i) {
+              REQUIRE(send.get(i) == (op == ReduceOp::kProduct ? product_input(rank, i)
+                                                               : input_value(rank, i)));
+            }
+
+            TypedBuffer whole(dtype, n * world), part(dtype, n);
+            fill(whole, rank, op);
+            comm.reduce_scatter(whole.view(), part.view(), op);
+            for (std::int64_t i = 0; i < n; ++i) {
+              const double expected = reference(op, world, rank * n + i, integer);
+              REQUIRE(std::abs(part.get(i) - expected) <= testing::tolerance(dtype, expected));
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("broadcast, allgather, gather, scatter and alltoall move the right data") {
+  for (int world = 1; world <= 5; ++world) {
+    CAPTURE(world);
+    testing::run_ranks(world, [&](Communicator& comm) {
+      const int rank = comm.rank();
+      for (DType dtype : testing::all_dtypes()) {
+        for (std::int64_t n : kSizes) {
+          const int root = world / 2;
+          TypedBuffer buffer(dtype, n);
+          for (std::int64_t i = 0; i < n; ++i) buffer.set(i, input_value(rank, i));
+          comm.broadcast(buffer.view(), root);
+          for (std::int64_t i = 0; i < n; ++i) REQUIRE(buffer.get(i) == input_value(root, i));
+
+          TypedBuffer mine(dtype, n), all(dtype, n * world);
+          for (std::int64_t i = 0; i < n; ++i) mine.set(i, input_value(rank, i));
+          comm.allgather(mine.view(), all.view());
+          for (int r = 0; r < world; ++r) {
+            for (std::int64_t i = 0; i < n; ++i) REQUIRE(all.get(r * n + i) == input_value(r, i));
+          }
+
+          TypedBuffer gathered(dtype, n * world);
+          comm.gather(mine.view(), gathered.view(), root);
+          if (rank == root) {
+            for (int r = 0; r < world; ++r) {
+              for (std::int64_t i = 0; i < n; ++i) {
+                REQUIRE(gathered.get(r * n + i) == input_value(r, i));
+              }
+            }
+          }
+
+          TypedBuffer source(dtype, n * world), chunk(dtype, n);
+          for (std::int64_t i = 0; i < n * world; ++i) source.set(i, input_value(rank, i));
+          comm.scatter(source.view(), chunk.view(), root);
+          for (std::int64_t i = 0; i < n; ++i) REQUIRE(chunk.get(i) == input_value(root, rank * n + i));
+
+          // alltoall: chunk j sent by rank i holds values tagged (i, j).
+          TypedBuffer outgoing(dtype, n * world), incoming(dtype, n * world);
+          for (int j = 0; j < world; ++j) {
+            for (std::int64_t i = 0; i < n; ++i) outgoing.set(j * n + i, (rank * 5 + j + i) % 50);
+          }
+          comm.alltoall(outgoing.view(), incoming.view());
+          for (int j = 0; j < world; ++j) {
+            for (std::int64_t i = 0; i < n; ++i) {
+              REQUIRE(incoming.get(j * n + i) == (j * 5 + rank + i) % 50);
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("send and recv around a ring, and barrier") {
+  for (int world = 2; world <= 5; ++world) {
+    CAPTURE(world);
+    testing::run_ranks(world, [&](Communicator& comm) {
+      const int rank = comm.rank();
+      const int right = (rank + 1) % world;
+      const int left = (rank + world - 1) % world;
+      for (int round = 0; round < 3; ++round) {
+        std::vector<float> out(17, static_cast<float>(rank * 100 + round));
+        std::vector<float> in(17, -1.0f);
+        // Even ranks send first, odd ranks receive first: no cycle of waits.
+        TensorView out_view{out.data(), 17, DType::kFloat32, {}};
+        TensorView in_view{in.data(), 17, DType::kFloat32, {}};
+        if (rank % 2 == 0) {
+          comm.send(out_view, right);
+          comm.recv(in_view, left);
+        } else {
+          comm.recv(in_view, left);
+          comm.send(out_view, right);
+        }
+        for (float v : in) REQUIRE(v == static_cast<float>(left * 100 + round));
+        comm.barrier();
+      }
+    });
+  }
+}
+
+TEST_CASE("subgroups and the hierarchical pair") {
+  for (int world = 1; world <= 5; ++world) {
+    for (int local_size = 1; local_size <= world; ++local_size) {
+      CAPTURE(world);
+      CAPTURE(local_size);
+      testing::run_ranks(world, [&](Communicator& comm) {
+        const int rank = comm.rank();
+        // Odd ranks form a subgroup.
+        std::vector<int> odd;
+        for (int r = 1; r < world; r += 2) odd.push_back(r);
+        if (!odd.empty()) {
+          auto group = comm.new_group(odd);
+          REQUIRE((group != nullptr) == (rank % 2 == 1));
+          if (group) {
+            std::int64_t value = rank;
+            group->allreduce(TensorView{&value, 1, DType::kInt64, {}},
+                             TensorView{&value, 1, DType::kInt64, {}}, ReduceOp::kSum);
+            std::int64_t expected = 0;
+            for (int r : odd) expected += r;
+            REQUIRE(value == expected);
+            REQUIRE(group->rank() == rank / 2);
+          }
+        }
+        auto hierarchy = make_hierarchical_comms(comm, local_size);
+        REQUIRE(hierarchy.is_leader() == (rank % local_size == 0));
+        REQUIRE(hierarchy.intra->rank() == rank % local_size);
+        std::int64_t value = rank;
+        TensorView view{&value, 1, DType::kInt64, {}};
+        hierarchy.intra->reduce(view, view, 0, ReduceOp::kSum);
+        if (hierarchy.is_leader()) hierarchy.inter->allreduce(view, view, ReduceOp::kSum);
+        hierarchy.intra->broadcast(view, 0);
+        REQUIRE(value == static_cast<std::int64_t>(world) * (world - 1) / 2);
+      });
+    }
+  }
+}
+
+TEST_CASE("bad arguments are InvalidArgument, before any communication") {
+  testing::run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> a(4), b(5);
+    TensorView va{a.data(), 4, DType::kFloat32, {}};
+    TensorView vb{b.data(), 5, DType::kFloat32, {}};
+    CHECK_THROWS_AS(comm.allreduce(va, vb, ReduceOp::kSum), InvalidArgument);
+    CHECK_THROWS_AS(comm.broadcast(va, 2), InvalidArgument);
+    CHECK_THROWS_AS(comm.send(va, comm.rank()), InvalidArgument);
+    CHECK_THROWS_AS(comm.allgather(va, vb), InvalidArgument);
+    CHECK_THROWS_AS(comm.alltoall(vb, vb), InvalidArgument);  // 5 does not split in 2
+    const int ranks[] = {1, 0};
+    CHECK_THROWS_AS(comm.new_group(ranks), InvalidArgument);
+  });
+}
+
+TEST_CASE("verify_same_call turns different sizes on different ranks into an error on every rank") {
+  for (int world = 2; world <= 5; ++world) {
+    auto errors = testing::run_ranks_collect_errors(world, [&](Communicator& comm) {
+      std::vector<float> data(static_cast<std::size_t>(comm.rank() == 1 ? 5 : 4));
+      TensorView view{data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32, {}};
+      comm.verify_same_call("allreduce", view);
+    });
+    for (const auto& message : errors) {
+      CAPTURE(message);
+      CHECK(message.find("different tensors") != std::string::npos);
+      CHECK(message.find("rank 1: float32[5]") != std::string::npos);
+    }
+  }
+  // Equal calls pass.
+  testing::run_ranks(3, [&](Communicator& comm) {
+    std::vector<float> data(4);
+    comm.verify_same_call("allreduce", TensorView{data.data(), 4, DType::kFloat32, {}});
+  });
+}
+
+TEST_CASE("a peer that never arrives is a TimeoutError naming the op and rank") {
+  auto errors = testing::run_ranks_collect_errors(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) {  // rank 1 stays connected but skips the collective
+          std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+          return;
+        }
+        float value = 1.0f;
+        TensorView view{&value, 1, DType::kFloat32, {}};
+        comm.allreduce(view, view, ReduceOp::kSum);
+      },
+      std::chrono::milliseconds(1500));
+  CAPTURE(errors[0]);
+  CHECK(errors[0].find("allreduce on rank 0") != std::string::npos);
+  CHECK(errors[0].find("timed out") != std::string::npos);
+  CHECK(errors[1].empty());
+}
