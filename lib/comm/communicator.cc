@@ -2,6 +2,7 @@
 // the hierarchical split.
 #include "bagua/comm/communicator.h"
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -50,29 +51,49 @@ void Communicator::verify_same_call(std::string_view op, const TensorView& tenso
                                     op, rank(), size(), detail));
 }
 
-HierarchicalComms make_hierarchical_comms(Communicator& global, int local_size) {
-  BAGUA_CHECK_ARG(local_size >= 1, "hierarchical communication needs local_size >= 1, got {}",
-                  local_size);
-  const int world = global.size();
-  const int nodes = (world + local_size - 1) / local_size;
-  HierarchicalComms comms;
-  comms.local_size = local_size;
-  // new_group is collective: every rank takes part in creating every group,
-  // in the same order, and keeps the one it belongs to.
-  for (int node = 0; node < nodes; ++node) {
-    std::vector<int> members;
-    for (int r = node * local_size; r < std::min(world, (node + 1) * local_size); ++r) {
-      members.push_back(r);
+HierarchicalComms make_hierarchical_comms(Communicator& global,
+                                          const std::vector<int>& node_of_rank) {
+  BAGUA_CHECK_ARG(static_cast<int>(node_of_rank.size()) == global.size(),
+                  "hierarchical communication: {} node ids for a group of {} ranks",
+                  node_of_rank.size(), global.size());
+  // Nodes in order of their lowest rank; members in rank order.
+  std::vector<int> node_ids;
+  std::vector<std::vector<int>> members;
+  for (int r = 0; r < global.size(); ++r) {
+    const auto node = node_of_rank[static_cast<std::size_t>(r)];
+    const auto found = std::find(node_ids.begin(), node_ids.end(), node);
+    if (found == node_ids.end()) {
+      node_ids.push_back(node);
+      members.push_back({r});
+    } else {
+      members[static_cast<std::size_t>(found - node_ids.begin())].push_back(r);
     }
-    auto group = global.new_group(members);
-    if (group) comms.intra = std::move(group);
   }
+  HierarchicalComms comms;
+  // new_group is collective: every rank takes part in creating every group,
+  // in the same order, and keeps the ones it belongs to.
   std::vector<int> leaders;
-  for (int node = 0; node < nodes; ++node) leaders.push_back(node * local_size);
+  for (const auto& node : members) {
+    auto group = global.new_group(node);
+    if (group) {
+      comms.intra = std::move(group);
+      comms.local_size = static_cast<int>(node.size());
+    }
+    leaders.push_back(node.front());
+  }
+  std::sort(leaders.begin(), leaders.end());
   auto inter = global.new_group(leaders);
   if (inter) comms.inter = std::move(inter);
   BAGUA_CHECK_INTERNAL(comms.intra != nullptr, "rank {} found no intra-node group", global.rank());
   return comms;
+}
+
+HierarchicalComms make_hierarchical_comms(Communicator& global, int local_size) {
+  BAGUA_CHECK_ARG(local_size >= 1, "hierarchical communication needs local_size >= 1, got {}",
+                  local_size);
+  std::vector<int> node_of_rank;
+  for (int r = 0; r < global.size(); ++r) node_of_rank.push_back(r / local_size);
+  return make_hierarchical_comms(global, node_of_rank);
 }
 
 }  // namespace bagua

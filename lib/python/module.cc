@@ -235,8 +235,8 @@ PYBIND11_MODULE(bagua_core, m) {
       .def_readonly("inter", &HierarchicalComms::inter)
       .def_readonly("local_size", &HierarchicalComms::local_size)
       .def_property_readonly("is_leader", &HierarchicalComms::is_leader);
-  m.def("hierarchical_comms", [](Communicator& global, int local_size) {
-    return std::make_shared<HierarchicalComms>(make_hierarchical_comms(global, local_size));
+  m.def("hierarchical_comms", [](Communicator& global, const std::vector<int>& node_of_rank) {
+    return std::make_shared<HierarchicalComms>(make_hierarchical_comms(global, node_of_rank));
   }, release);
 
   py::class_<Bucket, std::shared_ptr<Bucket>>(m, "Bucket")

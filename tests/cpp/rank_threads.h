@@ -25,8 +25,10 @@ inline void run_ranks(int world, const std::function<void(Communicator&)>& fn,
     for (int rank = 0; rank < world; ++rank) {
       threads.emplace_back([&, rank] {
         try {
-          auto comm = make_gloo_communicator(store, rank, world,
-                                             GlooOptions{.prefix = "test", .timeout = timeout});
+          GlooOptions options;
+          options.prefix = "test";
+          options.timeout = timeout;
+          auto comm = make_gloo_communicator(store, rank, world, options);
           fn(*comm);
         } catch (...) {
           failures[static_cast<std::size_t>(rank)] = std::current_exception();

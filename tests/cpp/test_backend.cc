@@ -32,7 +32,7 @@ TEST_CASE("buckets execute in registration order, not readiness order") {
   std::vector<std::shared_ptr<Bucket>> buckets;
   for (int b = 0; b < 3; ++b) {
     auto bucket = std::make_shared<Bucket>(
-        "b" + std::to_string(b), std::vector<BucketTensor>{{"t" + std::to_string(b), view_of(data[b])}});
+        fmt::format("b{}", b), std::vector<BucketTensor>{{fmt::format("t{}", b), view_of(data[b])}});
     bucket->append_op(std::make_unique<CallbackOp>([&](const std::string& name) {
       std::lock_guard lock(mutex);
       executed.push_back(name);
@@ -141,16 +141,16 @@ TEST_CASE("C_FP_S gives the sum or average for every mode, flat or not, unequal 
             storage.emplace_back(static_cast<std::size_t>(total));
             std::int64_t offset = 0;
             for (auto n : layout[b]) {
-              tensors.push_back({"t" + std::to_string(tensor_id++), view_of(storage.back()).slice(offset, n)});
+              tensors.push_back({fmt::format("t{}", tensor_id++), view_of(storage.back()).slice(offset, n)});
               offset += n;
             }
           } else {
             for (auto n : layout[b]) {
               storage.emplace_back(static_cast<std::size_t>(n));
-              tensors.push_back({"t" + std::to_string(tensor_id++), view_of(storage.back())});
+              tensors.push_back({fmt::format("t{}", tensor_id++), view_of(storage.back())});
             }
           }
-          auto bucket = std::make_shared<Bucket>("bucket" + std::to_string(b), std::move(tensors));
+          auto bucket = std::make_shared<Bucket>(fmt::format("bucket{}", b), std::move(tensors));
           CHECK(bucket->is_flat() == (mode.flat || layout[b].size() == 1));
           bucket->append_op(std::make_unique<CentralizedSynchronousOp>(
               comm, hierarchy,
@@ -169,7 +169,7 @@ TEST_CASE("C_FP_S gives the sum or average for every mode, flat or not, unequal 
             }
           }
           // Ready in reverse order, as gradients are.
-          for (int t = tensor_id - 1; t >= 0; --t) backend.mark_communication_ready("t" + std::to_string(t));
+          for (int t = tensor_id - 1; t >= 0; --t) backend.mark_communication_ready(fmt::format("t{}", t));
           backend.wait_pending_comm_ops();
           const float rank_sum = static_cast<float>(world * (world + 1)) / 2.0f;
           for (auto& bucket : buckets) {

@@ -31,7 +31,7 @@ TEST_CASE("planner: ready order, size target, one dtype and device per bucket") 
 TEST_CASE("planner: every tensor exactly once, deterministic, bad target rejected") {
   std::vector<TensorDeclaration> tensors;
   for (int i = 0; i < 57; ++i) {
-    tensors.push_back({"t" + std::to_string(i), (i * 37) % 101 + 1,
+    tensors.push_back({fmt::format("t{}", i), (i * 37) % 101 + 1,
                        i % 3 == 0 ? DType::kFloat64 : DType::kFloat32, Device{}});
   }
   const auto plan = plan_buckets(tensors, 256);

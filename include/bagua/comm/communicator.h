@@ -82,9 +82,8 @@ class Communicator {
 };
 
 // The intra-node / inter-node pair for hierarchical communication.
-// Node k holds global ranks [k * local_size, (k + 1) * local_size); the last
-// node may be smaller. `inter` links the node leaders (local rank 0) and is
-// null on every other rank.
+// `intra` links the ranks of this rank's node, `inter` the node leaders (the
+// lowest rank of each node) and is null on every other rank.
 struct HierarchicalComms {
   std::shared_ptr<Communicator> intra;
   std::shared_ptr<Communicator> inter;
@@ -93,7 +92,13 @@ struct HierarchicalComms {
   bool is_leader() const { return inter != nullptr; }
 };
 
-// Collective over `global`.
+// Collective over `global`. node_of_rank[r] names the node of rank r of
+// `global` (the same list on every rank).
+HierarchicalComms make_hierarchical_comms(Communicator& global,
+                                          const std::vector<int>& node_of_rank);
+
+// Nodes of `local_size` consecutive ranks: node k holds ranks
+// [k * local_size, (k + 1) * local_size); the last node may be smaller.
 HierarchicalComms make_hierarchical_comms(Communicator& global, int local_size);
 
 }  // namespace bagua

@@ -1,0 +1,1 @@
+"""Launching distributed jobs (``python -m bagua.distributed.launch``)."""

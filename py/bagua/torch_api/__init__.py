@@ -1,0 +1,45 @@
+"""bagua's PyTorch API (Bagua's names and signatures).
+
+    import bagua.torch_api as bagua
+    bagua.init_process_group()
+    model = model.with_bagua([optimizer], GradientAllReduceAlgorithm())
+"""
+
+from bagua.torch_api._core import (  # noqa: F401
+    BackendError,
+    BaguaError,
+    CommTimeoutError,
+    InvalidArgumentError,
+    StoreError,
+)
+from bagua.torch_api.communication import (  # noqa: F401
+    BaguaProcessGroup,
+    ReduceOp,
+    allgather,
+    allgather_inplace,
+    allreduce,
+    allreduce_inplace,
+    alltoall,
+    alltoall_inplace,
+    barrier,
+    broadcast,
+    gather,
+    get_local_rank,
+    get_local_size,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+    new_group,
+    recv,
+    reduce,
+    reduce_inplace,
+    reduce_scatter,
+    reduce_scatter_inplace,
+    scatter,
+    send,
+)
+from bagua.torch_api.distributed import BaguaModule  # noqa: F401
+from bagua.torch_api.bucket import BaguaBucket  # noqa: F401
+from bagua.torch_api.tensor import BaguaTensor  # noqa: F401
+from bagua.torch_api import algorithms  # noqa: F401
