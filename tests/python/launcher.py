@@ -1,0 +1,61 @@
+"""Runs a worker scenario on N local processes, as torchrun would, and
+collects each rank's results.
+
+Every rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+a free MASTER_PORT; a rank that fails or a run that passes `timeout` fails the
+test with every rank's output attached.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+WORKERS = Path(__file__).with_name("workers.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_workers(scenario: str, world_size: int, out_dir: Path, local_size: int = None,
+                timeout: float = 240, extra_env: dict = None, args=()):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    local_size = local_size or world_size
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = dict(os.environ)
+        env.update({
+            "RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank % local_size), "LOCAL_WORLD_SIZE": str(local_size),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1", "BAGUA_COMM_TIMEOUT_S": env.get("BAGUA_COMM_TIMEOUT_S", "60"),
+        })
+        env.update(extra_env or {})
+        log = open(out_dir / f"rank{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, str(WORKERS), scenario, str(out_dir), *args],
+                                       env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    deadline = time.monotonic() + timeout
+    failed = []
+    for rank, (proc, log) in enumerate(procs):
+        try:
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p, _ in procs:
+                p.kill()
+            code = "timeout"
+        log.close()
+        if code != 0:
+            failed.append((rank, code))
+    if failed:
+        logs = "\n".join(f"--- rank {r} ---\n" + (out_dir / f"rank{r}.log").read_text()[-3000:]
+                         for r in range(world_size))
+        raise AssertionError(f"scenario {scenario} on {world_size} ranks failed: {failed}\n{logs}")
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]

@@ -1,0 +1,52 @@
+"""Bad input gets a clear exception on every rank: never a crash, a hang or
+wrong numbers."""
+
+import pytest
+import torch
+
+import bagua.torch_api as bagua
+from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+from launcher import run_workers
+
+
+def test_with_bagua_before_init_process_group():
+    assert not bagua.is_initialized()
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        model.with_bagua([opt], GradientAllReduceAlgorithm())
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        bagua.allreduce_inplace(torch.zeros(2))
+
+
+def test_algorithm_argument_out_of_range():
+    with pytest.raises(bagua.InvalidArgumentError, match="hierarchical must be True or False"):
+        GradientAllReduceAlgorithm(hierarchical=3)
+    with pytest.raises(ValueError):  # also a ValueError
+        GradientAllReduceAlgorithm(average=None)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bad_input_raises_on_every_rank(world_size, tmp_path):
+    results = run_workers("errors", world_size, tmp_path)
+    for rank, result in enumerate(results):
+        def expect(case, cls, fragment):
+            outcome = result[case]
+            assert outcome is not None, f"rank {rank}: {case} raised nothing"
+            name, message, mro = outcome
+            assert cls in mro, f"rank {rank}: {case} raised {name}: {message}"
+            assert fragment in message, f"rank {rank}: {case}: {message}"
+
+        expect("unsupported_dtype", "InvalidArgumentError", "unsupported dtype torch.complex64")
+        expect("non_contiguous", "InvalidArgumentError", "not contiguous")
+        # the same error on every rank, naming what each rank passed
+        expect("sizes_differ", "InvalidArgumentError", "rank 1: float32[5]")
+        expect("sizes_differ", "InvalidArgumentError", "rank 0: float32[4]")
+        expect("dtypes_differ", "InvalidArgumentError", "rank 0: float64[4]")
+        expect("bad_reduce_op", "InvalidArgumentError", "not supported")
+        expect("bad_root", "InvalidArgumentError", "is not a rank")
+        expect("algorithm_argument", "ValueError", "hierarchical must be True or False")
+        expect("second_with_bagua", "RuntimeError", "already wrapped")
+        expect("bad_optimizer_list", "InvalidArgumentError", "torch.optim.Optimizer")
+        assert result["rewrap_after_reset"] is None
+        assert result["after_errors"] == [float(world_size)] * 3

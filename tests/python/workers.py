@@ -1,0 +1,227 @@
+"""Worker scenarios run on several processes by launcher.run_workers.
+
+Usage: workers.py SCENARIO OUT_DIR [ARGS...]; each rank saves its results to
+OUT_DIR/rank{RANK}.pt for the test to compare.
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import bagua.torch_api as bagua
+from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+
+
+class Net(torch.nn.Module):
+    """Layers of unequal sizes so buckets come out unequal."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(20, 37)
+        self.fc2 = torch.nn.Linear(37, 13)
+        self.fc3 = torch.nn.Linear(13, 5)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def batches(rank, steps=10, batch=16):
+    """The same per-rank data for every run."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [(torch.randn(batch, 20, generator=g), torch.randint(0, 5, (batch,), generator=g))
+            for _ in range(steps)]
+
+
+def fresh_model_and_optimizer(kind):
+    torch.manual_seed(7)
+    model = Net()
+    if kind == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    return model, opt
+
+
+def train(model, opt, data, set_to_none):
+    for x, y in data:
+        opt.zero_grad(set_to_none=set_to_none)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def scenario_ddp_equivalence(out_dir):
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    data = batches(rank)
+    results = {}
+    for kind in ("sgd", "adam"):
+        model, opt = fresh_model_and_optimizer(kind)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        results[f"ddp/{kind}"] = train(ddp, opt, data, set_to_none=False)
+        variants = {
+            "flat": dict(hierarchical=False, do_flatten=True, set_to_none=False),
+            "hierarchical": dict(hierarchical=True, do_flatten=True, set_to_none=True),
+            "unflattened": dict(hierarchical=False, do_flatten=False, set_to_none=True),
+        }
+        for name, v in variants.items():
+            model, opt = fresh_model_and_optimizer(kind)
+            model = model.with_bagua([opt], GradientAllReduceAlgorithm(hierarchical=v["hierarchical"]),
+                                     do_flatten=v["do_flatten"])
+            results[f"bagua/{kind}/{name}"] = train(model, opt, data, set_to_none=v["set_to_none"])
+            results[f"buckets/{kind}/{name}"] = [len(b.tensors) for b in model.bagua_buckets]
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def _inputs(dtype, rank, n, op="sum"):
+    g = torch.Generator().manual_seed(rank * 31 + n)
+    if op == "product":
+        values = torch.randint(1, 3, (n,), generator=g)
+    else:
+        values = torch.randint(0, 20, (n,), generator=g)
+    return values.to(dtype)
+
+
+def scenario_primitives(out_dir):
+    """Every primitive against torch.distributed on the same inputs."""
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    results = {}
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
+              torch.uint8]
+    ops = {"sum": (bagua.ReduceOp.SUM, dist.ReduceOp.SUM), "max": (bagua.ReduceOp.MAX, dist.ReduceOp.MAX),
+           "min": (bagua.ReduceOp.MIN, dist.ReduceOp.MIN),
+           "product": (bagua.ReduceOp.PRODUCT, dist.ReduceOp.PRODUCT)}
+    for dtype in dtypes:
+        # torch's Gloo reduces fp16/bf16 only on some builds: reference in float64.
+        ref_dtype = torch.float64 if dtype in (torch.float16, torch.bfloat16) else dtype
+        for n in (1, 7, 1001):
+            key = f"{dtype}/{n}"
+            for op_name, (ours, theirs) in ops.items():
+                x = _inputs(dtype, rank, n, op_name)
+                out = torch.empty_like(x)
+                bagua.allreduce(x, out, op=ours)
+                ref = x.to(ref_dtype)
+                dist.all_reduce(ref, op=theirs)
+                results[f"allreduce/{op_name}/{key}"] = (out, ref.to(dtype))
+            x = _inputs(dtype, rank, n)
+            avg = x.clone()
+            bagua.allreduce_inplace(avg, op=bagua.ReduceOp.AVG)
+            ref = x.to(torch.float64)
+            dist.all_reduce(ref)
+            ref = ref / world
+            if not dtype.is_floating_point:
+                ref = torch.trunc(ref)
+            results[f"allreduce/avg/{key}"] = (avg, ref.to(dtype))
+
+            root = world - 1
+            out = torch.zeros_like(x)
+            bagua.reduce(x, out, dst=root)
+            ref = x.to(ref_dtype)
+            dist.reduce(ref, dst=root)
+            if rank == root:
+                results[f"reduce/{key}"] = (out, ref.to(dtype))
+
+            b = _inputs(dtype, rank, n)
+            ref = b.to(ref_dtype)
+            bagua.broadcast(b, src=world // 2)
+            dist.broadcast(ref, src=world // 2)
+            results[f"broadcast/{key}"] = (b, ref.to(dtype))
+
+            gathered = torch.empty(n * world, dtype=dtype)
+            bagua.allgather(x, gathered)
+            ref_list = [torch.empty(n, dtype=ref_dtype) for _ in range(world)]
+            dist.all_gather(ref_list, x.to(ref_dtype))
+            results[f"allgather/{key}"] = (gathered, torch.cat(ref_list).to(dtype))
+
+            gathered = torch.zeros(n * world, dtype=dtype)
+            bagua.gather(x, gathered, dst=0)
+            ref_list = [torch.zeros(n, dtype=ref_dtype) for _ in range(world)] if rank == 0 else None
+            dist.gather(x.to(ref_dtype), ref_list, dst=0)
+            if rank == 0:
+                results[f"gather/{key}"] = (gathered, torch.cat(ref_list).to(dtype))
+
+            source = _inputs(dtype, rank + 100, n * world)
+            chunk = torch.zeros(n, dtype=dtype)
+            bagua.scatter(source, chunk, src=0)
+            ref = torch.zeros(n, dtype=ref_dtype)
+            dist.scatter(ref, list(source.to(ref_dtype).chunk(world)) if rank == 0 else None, src=0)
+            results[f"scatter/{key}"] = (chunk, ref.to(dtype))
+
+            whole = _inputs(dtype, rank + 200, n * world)
+            part = torch.zeros(n, dtype=dtype)
+            bagua.reduce_scatter(whole, part)
+            ref = whole.to(torch.float64)
+            dist.all_reduce(ref)  # Gloo has no reduce_scatter: reduce then take our chunk
+            results[f"reduce_scatter/{key}"] = (part, ref[rank * n:(rank + 1) * n].to(dtype))
+
+            send = _inputs(dtype, rank + 300, n * world)
+            recv = torch.zeros_like(send)
+            bagua.alltoall(send, recv)
+            everyone = [torch.zeros(n * world, dtype=ref_dtype) for _ in range(world)]
+            dist.all_gather(everyone, send.to(ref_dtype))
+            ref = torch.cat([everyone[j][rank * n:(rank + 1) * n] for j in range(world)])
+            results[f"alltoall/{key}"] = (recv, ref.to(dtype))
+
+            if world > 1:
+                right, left = (rank + 1) % world, (rank - 1) % world
+                message = _inputs(dtype, rank + 400, n)
+                incoming = torch.zeros(n, dtype=dtype)
+                if rank % 2 == 0:
+                    bagua.send(message, right)
+                    bagua.recv(incoming, left)
+                else:
+                    bagua.recv(incoming, left)
+                    bagua.send(message, right)
+                results[f"send_recv/{key}"] = (incoming, _inputs(dtype, left + 400, n))
+    bagua.barrier()
+    # A subgroup of the even ranks.
+    evens = list(range(0, world, 2))
+    group = bagua.new_group(evens)
+    if group is not None:
+        t = torch.tensor([float(rank)])
+        bagua.allreduce_inplace(t, comm=group)
+        results["subgroup/even_sum"] = (t, torch.tensor([float(sum(evens))]))
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def _capture(fn):
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001 - we record whatever was raised
+        return type(error).__name__, str(error), [c.__name__ for c in type(error).__mro__]
+    return None
+
+
+def scenario_errors(out_dir):
+    """Bad input on 2+ ranks: each case's exception (or None) per rank."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    results = {}
+    results["unsupported_dtype"] = _capture(lambda: bagua.allreduce_inplace(torch.zeros(3, dtype=torch.complex64)))
+    results["non_contiguous"] = _capture(lambda: bagua.allreduce_inplace(torch.zeros(4, 4).t()))
+    results["sizes_differ"] = _capture(lambda: bagua.allreduce_inplace(torch.zeros(5 if rank == 1 else 4)))
+    results["dtypes_differ"] = _capture(lambda: bagua.broadcast(
+        torch.zeros(4, dtype=torch.float64 if rank == 0 else torch.float32), 0))
+    # The group still works after the refused calls.
+    t = torch.ones(3)
+    bagua.allreduce_inplace(t)
+    results["after_errors"] = t.tolist()
+    results["bad_reduce_op"] = _capture(lambda: bagua.allreduce_inplace(torch.zeros(3), op=bagua.ReduceOp.BXOR))
+    results["bad_root"] = _capture(lambda: bagua.broadcast(torch.zeros(3), src=bagua.get_world_size()))
+    results["algorithm_argument"] = _capture(lambda: GradientAllReduceAlgorithm(hierarchical="yes"))
+    model, opt = fresh_model_and_optimizer("sgd")
+    model = model.with_bagua([opt], GradientAllReduceAlgorithm())
+    results["second_with_bagua"] = _capture(lambda: model.with_bagua([opt], GradientAllReduceAlgorithm()))
+    model.without_bagua()
+    results["rewrap_after_reset"] = _capture(lambda: model.with_bagua([opt], GradientAllReduceAlgorithm()))
+    results["bad_optimizer_list"] = _capture(lambda: Net().with_bagua(["sgd"], GradientAllReduceAlgorithm()))
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+if __name__ == "__main__":
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])
