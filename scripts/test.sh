@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every test: installs what is missing, builds, then the C++ doctest
+# suite (meson test), the Python suite (pytest, multi-process on the CPU),
+# and a packaging check (pip install into a fresh venv, then a 2-rank run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+bash scripts/build.sh
+source scripts/env.sh
+
+echo "== C++ tests (doctest) =="
+meson test -C build --print-errorlogs
+
+echo "== Python tests (pytest) =="
+"$BAGUA_PYTHON" -m pytest -q --timeout=900 tests/python "$@"
+
+echo "== packaging: pip install into a fresh venv =="
+bash scripts/check_install.sh
