@@ -1,0 +1,162 @@
+"""Training step time: bagua's GradientAllReduce against PyTorch DDP (Gloo).
+
+Same model, same data, same world size, same processes, in one run: each
+worker times DDP and bagua in alternating rounds (so drift in machine load
+hits both) and the median step time of each is compared.
+
+    /usr/bin/python3 bench/step_time.py                       # world sizes 2 and 4
+    /usr/bin/python3 bench/step_time.py --world-sizes 2 --steps 30
+
+Prints a table with the ratio DDP / bagua (> 1: bagua is faster) and writes
+bench/results/step_time.json.
+"""
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODELS = {
+    # a few large tensors: 3 x 1024-wide layers, 2.2 M parameters
+    "wide_mlp": dict(width=1024, depth=3, input=512),
+    # many small tensors: 24 x 128-wide layers, 50 tensors
+    "deep_mlp": dict(width=128, depth=24, input=128),
+}
+
+
+def build_model(spec):
+    import torch
+
+    layers = [torch.nn.Linear(spec["input"], spec["width"]), torch.nn.ReLU()]
+    for _ in range(spec["depth"] - 1):
+        layers += [torch.nn.Linear(spec["width"], spec["width"]), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(spec["width"], 10))
+    return torch.nn.Sequential(*layers)
+
+
+def worker(args):
+    import torch
+    import torch.nn.functional as F
+
+    import bagua.torch_api as bagua
+    from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+
+    torch.set_num_threads(1)
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    results = {}
+    for model_name, spec in MODELS.items():
+        g = torch.Generator().manual_seed(rank)
+        batches = [(torch.randn(args.batch, spec["input"], generator=g),
+                    torch.randint(0, 10, (args.batch,), generator=g)) for _ in range(8)]
+
+        def make(kind):
+            torch.manual_seed(0)
+            model = build_model(spec)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            if kind == "ddp":
+                model = torch.nn.parallel.DistributedDataParallel(model)
+            else:
+                model = model.with_bagua([opt], GradientAllReduceAlgorithm())
+            return model, opt
+
+        def time_steps(model, opt, steps):
+            times = []
+            for i in range(steps):
+                x, y = batches[i % len(batches)]
+                start = time.perf_counter()
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                times.append(time.perf_counter() - start)
+            return times
+
+        runs = {kind: make(kind) for kind in ("ddp", "bagua")}
+        for kind, (model, opt) in runs.items():
+            time_steps(model, opt, args.warmup)  # includes bagua's profiling iteration
+        samples = {"ddp": [], "bagua": []}
+        for _ in range(args.rounds):
+            for kind, (model, opt) in runs.items():
+                bagua.barrier()
+                samples[kind] += time_steps(model, opt, args.steps)
+        # the slowest rank sets the pace: take each step's max over ranks
+        summary = {}
+        for kind, times in samples.items():
+            t = torch.tensor(times, dtype=torch.float64)
+            bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
+            summary[kind] = statistics.median(t.tolist())
+        params = sum(p.numel() for p in build_model(spec).parameters())
+        tensors = len(list(build_model(spec).parameters()))
+        results[model_name] = {"ddp_s": summary["ddp"], "bagua_s": summary["bagua"],
+                               "ratio_ddp_over_bagua": summary["ddp"] / summary["bagua"],
+                               "parameters": params, "tensors": tensors}
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(results))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(world_size, args, tmp):
+    out = tmp / f"world{world_size}.json"
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
+        cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--steps", str(args.steps),
+               "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--batch", str(args.batch)]
+        procs.append(subprocess.Popen(cmd, env=env))
+    for p in procs:
+        if p.wait(timeout=1800) != 0:
+            raise SystemExit(f"benchmark worker failed on world size {world_size}")
+    return json.loads(out.read_text())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-sizes", default="2,4")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "step_time.json"))
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+
+    import tempfile
+
+    from tqdm import tqdm
+
+    sizes = [int(s) for s in args.world_sizes.split(",")]
+    report = {"machine": {"host": platform.node(), "cpu_count": os.cpu_count(),
+                          "processor": platform.processor() or platform.machine()},
+              "config": {"steps": args.steps, "rounds": args.rounds, "batch_per_rank": args.batch},
+              "results": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for world in tqdm(sizes, desc="world sizes"):
+            report["results"][str(world)] = launch(world, args, Path(tmp))
+    print(f"\n{'model':10} {'world':>5} {'DDP ms':>9} {'bagua ms':>9} {'DDP/bagua':>10}")
+    for world, models in report["results"].items():
+        for name, r in models.items():
+            print(f"{name:10} {world:>5} {r['ddp_s'] * 1e3:9.2f} {r['bagua_s'] * 1e3:9.2f} "
+                  f"{r['ratio_ddp_over_bagua']:10.3f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
