@@ -12,8 +12,8 @@ namespace {
 template <typename T>
 __global__ void divide_kernel(T* x, std::int64_t count, std::int64_t divisor) {
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < count; i += stride) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride) {
     x[i] = divide_one(x[i], divisor);
   }
 }

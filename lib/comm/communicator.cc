@@ -35,13 +35,13 @@ void Communicator::verify_same_call(std::string_view op, const TensorView& tenso
   bool same = true;
   for (int r = 1; r < size(); ++r) {
     for (int f = 0; f < kFields; ++f) {
-      same = same && all[static_cast<std::size_t>(r * kFields + f)] == all[f];
+      same = same && all[static_cast<std::size_t>(r) * kFields + static_cast<std::size_t>(f)] == all[f];
     }
   }
   if (same) return;
   std::string detail;
   for (int r = 0; r < size(); ++r) {
-    const auto* row = &all[static_cast<std::size_t>(r * kFields)];
+    const auto* row = &all[static_cast<std::size_t>(r) * kFields];
     detail += fmt::format("{}rank {}: {}[{}]{}", r == 0 ? "" : "; ", r,
                           to_string(static_cast<DType>(row[2])), row[1],
                           row[0] == mine[0] ? "" : " (a different op)");
@@ -92,6 +92,7 @@ HierarchicalComms make_hierarchical_comms(Communicator& global, int local_size) 
   BAGUA_CHECK_ARG(local_size >= 1, "hierarchical communication needs local_size >= 1, got {}",
                   local_size);
   std::vector<int> node_of_rank;
+  node_of_rank.reserve(static_cast<std::size_t>(global.size()));
   for (int r = 0; r < global.size(); ++r) node_of_rank.push_back(r / local_size);
   return make_hierarchical_comms(global, node_of_rank);
 }

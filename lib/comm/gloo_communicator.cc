@@ -217,6 +217,7 @@ class GlooCommunicator final : public Communicator {
       opts.setRoot(root);
       if (rank() == root) {
         std::vector<std::byte*> chunks;
+        chunks.reserve(static_cast<std::size_t>(size()));
         for (int r = 0; r < size(); ++r) chunks.push_back(send.bytes() + r * recv.nbytes());
         opts.setInputs(chunks, recv.nbytes());
       }
@@ -319,9 +320,9 @@ class GlooCommunicator final : public Communicator {
     try {
       fn();
     } catch (const ::gloo::Exception& e) {
-      const std::string where = fmt::format("{} on rank {} (group '{}', {}, timeout {} ms)", op,
-                                            context_ ? rank() : -1, options_.prefix,
-                                            backend_name(), options_.timeout.count());
+      const std::string where =
+          fmt::format("{} on rank {} (group '{}', {}, timeout {} ms)", op, context_ ? rank() : -1,
+                      options_.prefix, backend_name(), options_.timeout.count());
       if (looks_like_timeout(e.what())) {
         throw TimeoutError(fmt::format("{} timed out: {}", where, e.what()));
       }
@@ -347,13 +348,13 @@ class GlooCommunicator final : public Communicator {
                     rank(), peer, size());
   }
   static void check_same_shape(std::string_view op, const TensorView& a, const TensorView& b) {
-    BAGUA_CHECK_ARG(a.numel == b.numel && a.dtype == b.dtype,
-                    "{}: input {} and output {} differ", op, a.describe(), b.describe());
+    BAGUA_CHECK_ARG(a.numel == b.numel && a.dtype == b.dtype, "{}: input {} and output {} differ",
+                    op, a.describe(), b.describe());
   }
   void check_gathered(std::string_view op, const TensorView& part, const TensorView& whole) const {
     BAGUA_CHECK_ARG(part.dtype == whole.dtype && whole.numel == part.numel * size(),
-                    "{}: expected a {}-rank buffer of {} x {} elements, got {}", op, size(),
-                    size(), part.describe(), whole.describe());
+                    "{}: expected a {}-rank buffer of {} x {} elements, got {}", op, size(), size(),
+                    part.describe(), whole.describe());
   }
   static void copy_if_distinct(const TensorView& from, const TensorView& to) {
     if (from.data != to.data && from.nbytes() > 0) std::memcpy(to.data, from.data, from.nbytes());

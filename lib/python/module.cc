@@ -89,14 +89,15 @@ Device parse_device(const std::string& text) {
   if (text == "cpu") return Device{DeviceType::kCPU, -1};
   if (text.rfind("cuda", 0) == 0) {
     const auto colon = text.find(':');
-    return Device{DeviceType::kCUDA, colon == std::string::npos ? 0 : std::stoi(text.substr(colon + 1))};
+    return Device{DeviceType::kCUDA,
+                  colon == std::string::npos ? 0 : std::stoi(text.substr(colon + 1))};
   }
   throw InvalidArgument("unsupported device '" + text + "' (expected cpu or cuda[:index])");
 }
 
 ReduceOp parse_reduce_op(const std::string& name) {
-  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
-                  ReduceOp::kProduct}) {
+  for (auto op :
+       {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
     if (to_string(op) == name) return op;
   }
   throw InvalidArgument("unsupported reduce op '" + name +
@@ -110,7 +111,8 @@ struct ExceptionClasses {
 };
 ExceptionClasses exception_classes;
 
-void translate_exception(std::exception_ptr p) {
+// pybind11 requires this exact signature (by value).
+void translate_exception(std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-param)
   const auto& c = exception_classes;
   try {
     if (p) std::rethrow_exception(p);
@@ -130,7 +132,8 @@ void translate_exception(std::exception_ptr p) {
 }
 
 py::handle make_exception(py::module_& m, const char* name, py::tuple bases) {
-  PyObject* type = PyErr_NewException((std::string("bagua_core.") + name).c_str(), bases.ptr(), nullptr);
+  PyObject* type =
+      PyErr_NewException((std::string("bagua_core.") + name).c_str(), bases.ptr(), nullptr);
   if (type == nullptr) throw py::error_already_set();
   m.attr(name) = py::handle(type);  // the module's reference keeps it alive
   return py::handle(type);
@@ -142,10 +145,10 @@ PYBIND11_MODULE(bagua_core, m) {
   m.doc() = "bagua runtime: communicators, buckets, comm ops and the scheduler";
 
   auto base = make_exception(m, "BaguaError", py::make_tuple(py::handle(PyExc_RuntimeError)));
-  auto invalid = make_exception(m, "InvalidArgumentError",
-                                py::make_tuple(base, py::handle(PyExc_ValueError)));
-  auto timeout = make_exception(m, "CommTimeoutError",
-                                py::make_tuple(base, py::handle(PyExc_TimeoutError)));
+  auto invalid =
+      make_exception(m, "InvalidArgumentError", py::make_tuple(base, py::handle(PyExc_ValueError)));
+  auto timeout =
+      make_exception(m, "CommTimeoutError", py::make_tuple(base, py::handle(PyExc_TimeoutError)));
   auto backend = make_exception(m, "BackendError", py::make_tuple(base));
   auto store = make_exception(m, "StoreError", py::make_tuple(base));
   auto internal = make_exception(m, "InternalError", py::make_tuple(base));
@@ -169,15 +172,18 @@ PYBIND11_MODULE(bagua_core, m) {
            }),
            py::arg("data_ptr"), py::arg("numel"), py::arg("dtype"), py::arg("device") = "cpu")
       .def_property_readonly("numel", [](const TensorView& v) { return v.numel; })
-      .def_property_readonly("dtype", [](const TensorView& v) { return std::string(to_string(v.dtype)); })
-      .def_property_readonly("data_ptr", [](const TensorView& v) { return reinterpret_cast<std::uintptr_t>(v.data); })
+      .def_property_readonly("dtype",
+                             [](const TensorView& v) { return std::string(to_string(v.dtype)); })
+      .def_property_readonly(
+          "data_ptr", [](const TensorView& v) { return reinterpret_cast<std::uintptr_t>(v.data); })
       .def("__repr__", &TensorView::describe);
 
   py::class_<Store, std::shared_ptr<Store>>(m, "Store")
-      .def("set", [](Store& s, const std::string& key, const py::bytes& value) {
-        std::string bytes = value;
-        s.set(key, std::vector<char>(bytes.begin(), bytes.end()));
-      })
+      .def("set",
+           [](Store& s, const std::string& key, const py::bytes& value) {
+             std::string bytes = value;
+             s.set(key, std::vector<char>(bytes.begin(), bytes.end()));
+           })
       .def("get", [](Store& s, const std::string& key) {
         auto value = s.get(key);
         return py::bytes(value.data(), value.size());
@@ -194,19 +200,27 @@ PYBIND11_MODULE(bagua_core, m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("backend_name", &Communicator::backend_name)
-      .def("allreduce", [](Communicator& c, const TensorView& s, const TensorView& r, const std::string& op) {
-        c.allreduce(s, r, parse_reduce_op(op));
-      }, release)
-      .def("reduce", [](Communicator& c, const TensorView& s, const TensorView& r, int root, const std::string& op) {
-        c.reduce(s, r, root, parse_reduce_op(op));
-      }, release)
+      .def(
+          "allreduce",
+          [](Communicator& c, const TensorView& s, const TensorView& r, const std::string& op) {
+            c.allreduce(s, r, parse_reduce_op(op));
+          },
+          release)
+      .def(
+          "reduce",
+          [](Communicator& c, const TensorView& s, const TensorView& r, int root,
+             const std::string& op) { c.reduce(s, r, root, parse_reduce_op(op)); },
+          release)
       .def("broadcast", &Communicator::broadcast, release)
       .def("allgather", &Communicator::allgather, release)
       .def("gather", &Communicator::gather, release)
       .def("scatter", &Communicator::scatter, release)
-      .def("reduce_scatter", [](Communicator& c, const TensorView& s, const TensorView& r, const std::string& op) {
-        c.reduce_scatter(s, r, parse_reduce_op(op));
-      }, release)
+      .def(
+          "reduce_scatter",
+          [](Communicator& c, const TensorView& s, const TensorView& r, const std::string& op) {
+            c.reduce_scatter(s, r, parse_reduce_op(op));
+          },
+          release)
       .def("alltoall", &Communicator::alltoall, release)
       .def("send", &Communicator::send, release)
       .def("recv", &Communicator::recv, release)
@@ -214,34 +228,48 @@ PYBIND11_MODULE(bagua_core, m) {
       .def("abort", &Communicator::abort)
       .def("verify_same_call", &Communicator::verify_same_call, py::arg("op"), py::arg("tensor"),
            py::arg("root") = -1, release)
-      .def("new_group", [](Communicator& c, std::vector<int> ranks) -> CommPtr {
-        return c.new_group(ranks);
-      }, release)
-      .def_property_readonly("bytes_sent", [](const Communicator& c) { return c.counters().bytes_sent.load(); })
-      .def_property_readonly("calls", [](const Communicator& c) { return c.counters().calls.load(); });
+      .def(
+          "new_group",
+          [](Communicator& c, std::vector<int> ranks) -> CommPtr { return c.new_group(ranks); },
+          release)
+      .def_property_readonly("bytes_sent",
+                             [](const Communicator& c) { return c.counters().bytes_sent.load(); })
+      .def_property_readonly("calls",
+                             [](const Communicator& c) { return c.counters().calls.load(); });
 
-  m.def("gloo_communicator",
-        [](std::shared_ptr<Store> store, int rank, int size, const std::string& prefix,
-           const std::string& interface_name, const std::string& hostname, double timeout_s) -> CommPtr {
-          GlooOptions options{.prefix = prefix, .interface_name = interface_name, .hostname = hostname,
-                              .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000))};
-          return make_gloo_communicator(std::move(store), rank, size, std::move(options));
-        },
-        py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("prefix") = "bagua",
-        py::arg("interface_name") = "", py::arg("hostname") = "", py::arg("timeout_s") = 0.0, release);
+  m.def(
+      "gloo_communicator",
+      [](std::shared_ptr<Store> store, int rank, int size, const std::string& prefix,
+         const std::string& interface_name, const std::string& hostname,
+         double timeout_s) -> CommPtr {
+        GlooOptions options{
+            .prefix = prefix,
+            .interface_name = interface_name,
+            .hostname = hostname,
+            .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000))};
+        return make_gloo_communicator(std::move(store), rank, size, std::move(options));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("prefix") = "bagua",
+      py::arg("interface_name") = "", py::arg("hostname") = "", py::arg("timeout_s") = 0.0,
+      release);
 
   py::class_<HierarchicalComms, std::shared_ptr<HierarchicalComms>>(m, "HierarchicalComms")
       .def_readonly("intra", &HierarchicalComms::intra)
       .def_readonly("inter", &HierarchicalComms::inter)
       .def_readonly("local_size", &HierarchicalComms::local_size)
       .def_property_readonly("is_leader", &HierarchicalComms::is_leader);
-  m.def("hierarchical_comms", [](Communicator& global, const std::vector<int>& node_of_rank) {
-    return std::make_shared<HierarchicalComms>(make_hierarchical_comms(global, node_of_rank));
-  }, release);
+  m.def(
+      "hierarchical_comms",
+      [](Communicator& global, const std::vector<int>& node_of_rank) {
+        return std::make_shared<HierarchicalComms>(make_hierarchical_comms(global, node_of_rank));
+      },
+      release);
 
   py::class_<Bucket, std::shared_ptr<Bucket>>(m, "Bucket")
-      .def(py::init([](std::string name, const std::vector<std::pair<std::string, TensorView>>& tensors) {
+      .def(py::init([](std::string name,
+                       const std::vector<std::pair<std::string, TensorView>>& tensors) {
              std::vector<BucketTensor> list;
+             list.reserve(tensors.size());
              for (const auto& [tensor_name, view] : tensors) list.push_back({tensor_name, view});
              return std::make_shared<Bucket>(std::move(name), std::move(list));
            }),
@@ -249,28 +277,35 @@ PYBIND11_MODULE(bagua_core, m) {
       .def_property_readonly("name", &Bucket::name)
       .def_property_readonly("numel", &Bucket::numel)
       .def_property_readonly("is_flat", &Bucket::is_flat)
-      .def_property_readonly("op_names", [](const Bucket& b) {
-        std::vector<std::string> names;
-        for (const auto& op : b.ops()) names.emplace_back(op->name());
-        return names;
-      })
+      .def_property_readonly("op_names",
+                             [](const Bucket& b) {
+                               std::vector<std::string> names;
+                               for (const auto& op : b.ops()) names.emplace_back(op->name());
+                               return names;
+                             })
       .def("clear_ops", &Bucket::clear_ops)
-      .def("append_centralized_synchronous_op",
-           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
-              bool hierarchical, bool average, bool scattergather) {
-             b.append_op(std::make_unique<CentralizedSynchronousOp>(
-                 std::move(global), std::move(hierarchy),
-                 CentralizedSynchronousOptions{.hierarchical = hierarchical, .average = average,
-                                               .scattergather = scattergather}));
-           },
-           py::arg("communicator"), py::arg("hierarchy"), py::arg("hierarchical"),
-           py::arg("average"), py::arg("scattergather"))
-      .def("append_python_op", [](Bucket& b, py::function fn) {
-        b.append_op(std::make_unique<CallbackOp>(python_callback(std::move(fn))));
-      })
-      .def("execute_ops", [](Bucket& b) {
-        for (const auto& op : b.ops()) op->execute(b);
-      }, release);
+      .def(
+          "append_centralized_synchronous_op",
+          [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
+             bool hierarchical, bool average, bool scattergather) {
+            b.append_op(std::make_unique<CentralizedSynchronousOp>(
+                std::move(global), std::move(hierarchy),
+                CentralizedSynchronousOptions{.hierarchical = hierarchical,
+                                              .average = average,
+                                              .scattergather = scattergather}));
+          },
+          py::arg("communicator"), py::arg("hierarchy"), py::arg("hierarchical"),
+          py::arg("average"), py::arg("scattergather"))
+      .def("append_python_op",
+           [](Bucket& b, py::function fn) {
+             b.append_op(std::make_unique<CallbackOp>(python_callback(std::move(fn))));
+           })
+      .def(
+          "execute_ops",
+          [](Bucket& b) {
+            for (const auto& op : b.ops()) op->execute(b);
+          },
+          release);
 
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
       .def(py::init([](int rank, double timeout_s) {
@@ -297,14 +332,17 @@ PYBIND11_MODULE(bagua_core, m) {
       .def("last_ready_order", &Backend::last_ready_order)
       .def_property_readonly("completed_iterations", &Backend::completed_iterations);
 
-  m.def("plan_buckets",
-        [](const std::vector<std::tuple<std::string, std::int64_t, std::string, std::string>>& declared,
-           std::int64_t bucket_bytes) {
-          std::vector<TensorDeclaration> tensors;
-          for (const auto& [name, numel, dtype, device] : declared) {
-            tensors.push_back({name, numel, parse_dtype(dtype), parse_device(device)});
-          }
-          return plan_buckets(tensors, bucket_bytes);
-        },
-        py::arg("tensors"), py::arg("bucket_bytes"));
+  m.def(
+      "plan_buckets",
+      [](const std::vector<std::tuple<std::string, std::int64_t, std::string, std::string>>&
+             declared,
+         std::int64_t bucket_bytes) {
+        std::vector<TensorDeclaration> tensors;
+        tensors.reserve(declared.size());
+        for (const auto& [name, numel, dtype, device] : declared) {
+          tensors.push_back({name, numel, parse_dtype(dtype), parse_device(device)});
+        }
+        return plan_buckets(tensors, bucket_bytes);
+      },
+      py::arg("tensors"), py::arg("bucket_bytes"));
 }

@@ -8,9 +8,9 @@
 
 namespace bagua {
 
-Backend::Backend(BackendOptions options) : options_(std::move(options)) {
+Backend::Backend(BackendOptions options) : options_(options) {
   if (options_.timeout.count() <= 0) options_.timeout = env().comm_timeout;
-  thread_ = std::jthread([this](std::stop_token stop) { communication_loop(stop); });
+  thread_ = std::jthread([this](const std::stop_token& stop) { communication_loop(stop); });
 }
 
 Backend::~Backend() {
@@ -101,9 +101,8 @@ void Backend::schedule_ready_buckets_locked() {
 void Backend::wait_pending_comm_ops() {
   std::unique_lock lock(mutex_);
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-  const bool finished = changed_.wait_until(lock, deadline, [&] {
-    return failure_ != nullptr || completed_ == buckets_.size();
-  });
+  const bool finished = changed_.wait_until(
+      lock, deadline, [&] { return failure_ != nullptr || completed_ == buckets_.size(); });
   rethrow_if_failed_locked();
   if (!finished) {
     auto error = TimeoutError(fmt::format(
@@ -154,7 +153,7 @@ std::string Backend::describe_pending_locked() const {
   return fmt::format("{} of {} buckets completed", completed_, buckets_.size());
 }
 
-void Backend::communication_loop(std::stop_token stop) {
+void Backend::communication_loop(const std::stop_token& stop) {
   std::unique_lock lock(mutex_);
   while (!stop.stop_requested()) {
     changed_.wait(lock, stop, [&] { return !queue_.empty(); });
@@ -190,9 +189,9 @@ void Backend::communication_loop(std::stop_token stop) {
         }
         break;
       } catch (const std::exception& e) {
-        failure = std::make_exception_ptr(BackendError(fmt::format(
-            "rank {}: op '{}' of bucket '{}' failed: {}", options_.rank, op->name(),
-            bucket->name(), e.what())));
+        failure = std::make_exception_ptr(
+            BackendError(fmt::format("rank {}: op '{}' of bucket '{}' failed: {}", options_.rank,
+                                     op->name(), bucket->name(), e.what())));
         break;
       }
     }

@@ -9,9 +9,10 @@ bool cuda_compiled() noexcept { return false; }
 int cuda_device_count() noexcept { return 0; }
 
 void cuda_divide_inplace(const TensorView& x, std::int64_t /*divisor*/, void* /*stream*/) {
-  throw InvalidArgument("this build of bagua has no CUDA support (rebuild with nvcc available "
-                        "and -Dcuda=enabled); cannot process " +
-                        x.describe());
+  throw InvalidArgument(
+      "this build of bagua has no CUDA support (rebuild with nvcc available "
+      "and -Dcuda=enabled); cannot process " +
+      x.describe());
 }
 
 }  // namespace bagua

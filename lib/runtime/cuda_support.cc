@@ -16,8 +16,8 @@ void cuda_divide_inplace(const TensorView& x, std::int64_t divisor, void* stream
   BAGUA_CHECK_ARG(x.device.type == DeviceType::kCUDA,
                   "cuda_divide_inplace needs a CUDA tensor, got {}", x.describe());
   BAGUA_CHECK_ARG(divisor != 0, "cuda_divide_inplace: divisor is 0");
-  if (const char* error = kernels::divide_inplace(x.data, x.numel, static_cast<int>(x.dtype),
-                                                  divisor, stream)) {
+  if (const char* error =
+          kernels::divide_inplace(x.data, x.numel, static_cast<int>(x.dtype), divisor, stream)) {
     throw BackendError("cuda_divide_inplace on " + x.describe() + ": " + error);
   }
 }

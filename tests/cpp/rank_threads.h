@@ -47,13 +47,16 @@ inline std::vector<std::string> run_ranks_collect_errors(
     int world, const std::function<void(Communicator&)>& fn,
     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   std::vector<std::string> messages(static_cast<std::size_t>(world));
-  run_ranks(world, [&](Communicator& comm) {
-    try {
-      fn(comm);
-    } catch (const std::exception& e) {
-      messages[static_cast<std::size_t>(comm.rank())] = e.what();
-    }
-  }, timeout);
+  run_ranks(
+      world,
+      [&](Communicator& comm) {
+        try {
+          fn(comm);
+        } catch (const std::exception& e) {
+          messages[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+      },
+      timeout);
   return messages;
 }
 

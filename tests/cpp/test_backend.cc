@@ -32,7 +32,8 @@ TEST_CASE("buckets execute in registration order, not readiness order") {
   std::vector<std::shared_ptr<Bucket>> buckets;
   for (int b = 0; b < 3; ++b) {
     auto bucket = std::make_shared<Bucket>(
-        fmt::format("b{}", b), std::vector<BucketTensor>{{fmt::format("t{}", b), view_of(data[b])}});
+        fmt::format("b{}", b),
+        std::vector<BucketTensor>{{fmt::format("t{}", b), view_of(data[b])}});
     bucket->append_op(std::make_unique<CallbackOp>([&](const std::string& name) {
       std::lock_guard lock(mutex);
       executed.push_back(name);
@@ -60,8 +61,8 @@ TEST_CASE("buckets execute in registration order, not readiness order") {
 TEST_CASE("readiness errors: unknown tensor, marked twice") {
   Backend backend(BackendOptions{.rank = 3, .timeout = std::chrono::seconds(10)});
   std::vector<float> a(2), b(2);
-  auto bucket = std::make_shared<Bucket>("only",
-                                         std::vector<BucketTensor>{{"a", view_of(a)}, {"b", view_of(b)}});
+  auto bucket = std::make_shared<Bucket>(
+      "only", std::vector<BucketTensor>{{"a", view_of(a)}, {"b", view_of(b)}});
   backend.register_ordered_buckets({bucket});
   CHECK_THROWS_AS(backend.mark_communication_ready("missing"), InvalidArgument);
   backend.mark_communication_ready("a");
@@ -74,8 +75,8 @@ TEST_CASE("readiness errors: unknown tensor, marked twice") {
 TEST_CASE("a bucket that never becomes ready is a TimeoutError naming it and its tensors") {
   Backend backend(BackendOptions{.rank = 1, .timeout = std::chrono::milliseconds(300)});
   std::vector<float> a(2), b(2);
-  auto bucket = std::make_shared<Bucket>("grads0",
-                                         std::vector<BucketTensor>{{"w", view_of(a)}, {"bias", view_of(b)}});
+  auto bucket = std::make_shared<Bucket>(
+      "grads0", std::vector<BucketTensor>{{"w", view_of(a)}, {"bias", view_of(b)}});
   backend.register_ordered_buckets({bucket});
   backend.mark_communication_ready("w");
   CHECK_THROWS_WITH_AS(backend.wait_pending_comm_ops(),
@@ -92,16 +93,18 @@ TEST_CASE("a failing op reaches the waiting thread with op and bucket named") {
       [](const std::string&) { throw InvalidArgument("deliberate failure"); }));
   backend.register_ordered_buckets({bucket});
   backend.mark_communication_ready("a");
-  CHECK_THROWS_WITH_AS(backend.wait_pending_comm_ops(),
-                       doctest::Contains("rank 2: op 'python_op' of bucket 'bad': deliberate failure"),
-                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      backend.wait_pending_comm_ops(),
+      doctest::Contains("rank 2: op 'python_op' of bucket 'bad': deliberate failure"),
+      InvalidArgument);
 }
 
 TEST_CASE("a bucket rejects mixed dtypes") {
   std::vector<float> a(2);
   std::vector<double> b(2);
-  CHECK_THROWS_AS(Bucket("mixed", {{"a", view_of(a)}, {"b", TensorView{b.data(), 2, DType::kFloat64, {}}}}),
-                  InvalidArgument);
+  CHECK_THROWS_AS(
+      Bucket("mixed", {{"a", view_of(a)}, {"b", TensorView{b.data(), 2, DType::kFloat64, {}}}}),
+      InvalidArgument);
 }
 
 TEST_CASE("C_FP_S gives the sum or average for every mode, flat or not, unequal buckets") {
@@ -141,7 +144,8 @@ TEST_CASE("C_FP_S gives the sum or average for every mode, flat or not, unequal 
             storage.emplace_back(static_cast<std::size_t>(total));
             std::int64_t offset = 0;
             for (auto n : layout[b]) {
-              tensors.push_back({fmt::format("t{}", tensor_id++), view_of(storage.back()).slice(offset, n)});
+              tensors.push_back(
+                  {fmt::format("t{}", tensor_id++), view_of(storage.back()).slice(offset, n)});
               offset += n;
             }
           } else {
@@ -164,18 +168,20 @@ TEST_CASE("C_FP_S gives the sum or average for every mode, flat or not, unequal 
           for (auto& bucket : buckets) {
             for (auto& tensor : bucket->tensors()) {
               for (std::int64_t i = 0; i < tensor.view.numel; ++i) {
-                tensor.view.data_as<float>()[i] = static_cast<float>(rank + 1) * (i % 5 + iteration);
+                tensor.view.data_as<float>()[i] =
+                    static_cast<float>(rank + 1) * static_cast<float>(i % 5 + iteration);
               }
             }
           }
           // Ready in reverse order, as gradients are.
-          for (int t = tensor_id - 1; t >= 0; --t) backend.mark_communication_ready(fmt::format("t{}", t));
+          for (int t = tensor_id - 1; t >= 0; --t)
+            backend.mark_communication_ready(fmt::format("t{}", t));
           backend.wait_pending_comm_ops();
           const float rank_sum = static_cast<float>(world * (world + 1)) / 2.0f;
           for (auto& bucket : buckets) {
             for (auto& tensor : bucket->tensors()) {
               for (std::int64_t i = 0; i < tensor.view.numel; ++i) {
-                float expected = rank_sum * (i % 5 + iteration);
+                float expected = rank_sum * static_cast<float>(i % 5 + iteration);
                 if (mode.average) expected /= static_cast<float>(world);
                 REQUIRE(tensor.view.data_as<float>()[i] == doctest::Approx(expected).epsilon(1e-6));
               }
@@ -193,10 +199,12 @@ TEST_CASE("a rank that never joins a bucket's collective: the watchdog names ran
       [&](Communicator& comm_ref) {
         std::shared_ptr<Communicator> comm = comm_ref.new_group(std::vector<int>{0, 1});
         std::vector<float> data(8, 1.0f);
-        auto bucket = std::make_shared<Bucket>("grads7", std::vector<BucketTensor>{{"w", view_of(data)}});
-        bucket->append_op(std::make_unique<CentralizedSynchronousOp>(comm, nullptr,
-                                                                     CentralizedSynchronousOptions{}));
-        Backend backend(BackendOptions{.rank = comm->rank(), .timeout = std::chrono::milliseconds(1500)});
+        auto bucket =
+            std::make_shared<Bucket>("grads7", std::vector<BucketTensor>{{"w", view_of(data)}});
+        bucket->append_op(std::make_unique<CentralizedSynchronousOp>(
+            comm, nullptr, CentralizedSynchronousOptions{}));
+        Backend backend(
+            BackendOptions{.rank = comm->rank(), .timeout = std::chrono::milliseconds(1500)});
         backend.register_ordered_buckets({bucket});
         if (comm->rank() == 1) {
           std::this_thread::sleep_for(std::chrono::milliseconds(3000));

@@ -81,8 +81,8 @@ TEST_CASE("allreduce, reduce and reduce_scatter match the reference for every op
             }
             // A non-root's input is left as it was.
             for (std::int64_t i = 0; i < n; ++i) {
-              REQUIRE(send.get(i) == (op == ReduceOp::kProduct ? product_input(rank, i)
-                                                               : input_value(rank, i)));
+              REQUIRE(send.get(i) ==
+                      (op == ReduceOp::kProduct ? product_input(rank, i) : input_value(rank, i)));
             }
 
             TypedBuffer whole(dtype, n * world), part(dtype, n);
@@ -132,17 +132,19 @@ TEST_CASE("broadcast, allgather, gather, scatter and alltoall move the right dat
           TypedBuffer source(dtype, n * world), chunk(dtype, n);
           for (std::int64_t i = 0; i < n * world; ++i) source.set(i, input_value(rank, i));
           comm.scatter(source.view(), chunk.view(), root);
-          for (std::int64_t i = 0; i < n; ++i) REQUIRE(chunk.get(i) == input_value(root, rank * n + i));
+          for (std::int64_t i = 0; i < n; ++i)
+            REQUIRE(chunk.get(i) == input_value(root, rank * n + i));
 
           // alltoall: chunk j sent by rank i holds values tagged (i, j).
           TypedBuffer outgoing(dtype, n * world), incoming(dtype, n * world);
           for (int j = 0; j < world; ++j) {
-            for (std::int64_t i = 0; i < n; ++i) outgoing.set(j * n + i, (rank * 5 + j + i) % 50);
+            for (std::int64_t i = 0; i < n; ++i)
+              outgoing.set(j * n + i, static_cast<double>((rank * 5 + j + i) % 50));
           }
           comm.alltoall(outgoing.view(), incoming.view());
           for (int j = 0; j < world; ++j) {
             for (std::int64_t i = 0; i < n; ++i) {
-              REQUIRE(incoming.get(j * n + i) == (j * 5 + rank + i) % 50);
+              REQUIRE(incoming.get(j * n + i) == static_cast<double>((j * 5 + rank + i) % 50));
             }
           }
         }

@@ -36,7 +36,8 @@ TEST_CASE("every half value survives a round trip through float") {
 TEST_CASE("bfloat16 conversions") {
   CHECK(BFloat16::to_float(BFloat16::from_float(1.0f)) == 1.0f);
   CHECK(BFloat16::to_float(BFloat16::from_float(3.0f)) == 3.0f);
-  CHECK(std::isnan(BFloat16::to_float(BFloat16::from_float(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isnan(
+      BFloat16::to_float(BFloat16::from_float(std::numeric_limits<float>::quiet_NaN()))));
   for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
     const auto b = static_cast<std::uint16_t>(bits);
     const float f = BFloat16::to_float(b);
@@ -63,7 +64,8 @@ TEST_CASE("reduce_into and divide_inplace on every dtype") {
     for (int i = 0; i < 9; ++i) CHECK(out.get(i) == (i + 1) * (10 - i));
     divide_inplace(a.view(), 2);
     for (int i = 0; i < 9; ++i) {
-      const double expected = is_floating_point(dtype) ? (i + 1) / 2.0 : (i + 1) / 2;
+      const double expected =
+          is_floating_point(dtype) ? (i + 1) / 2.0 : static_cast<double>((i + 1) / 2);
       CHECK(a.get(i) == doctest::Approx(expected));
     }
   }

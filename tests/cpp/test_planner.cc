@@ -30,6 +30,7 @@ TEST_CASE("planner: ready order, size target, one dtype and device per bucket") 
 
 TEST_CASE("planner: every tensor exactly once, deterministic, bad target rejected") {
   std::vector<TensorDeclaration> tensors;
+  tensors.reserve(57);
   for (int i = 0; i < 57; ++i) {
     tensors.push_back({fmt::format("t{}", i), (i * 37) % 101 + 1,
                        i % 3 == 0 ? DType::kFloat64 : DType::kFloat32, Device{}});

@@ -52,8 +52,8 @@ inline double tolerance(DType dtype, double reference) {
 }
 
 inline const std::vector<DType>& all_dtypes() {
-  static const std::vector<DType> dtypes{DType::kFloat32, DType::kFloat64, DType::kFloat16,
-                                         DType::kBFloat16, DType::kInt32,  DType::kInt64,
+  static const std::vector<DType> dtypes{DType::kFloat32,  DType::kFloat64, DType::kFloat16,
+                                         DType::kBFloat16, DType::kInt32,   DType::kInt64,
                                          DType::kUInt8};
   return dtypes;
 }

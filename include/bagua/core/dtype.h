@@ -35,8 +35,8 @@ constexpr std::size_t dtype_size(DType dtype) {
 }
 
 constexpr bool is_floating_point(DType dtype) {
-  return dtype == DType::kFloat32 || dtype == DType::kFloat64 ||
-         dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
+         dtype == DType::kBFloat16;
 }
 
 constexpr std::string_view to_string(DType dtype) {

@@ -36,7 +36,8 @@ decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
 template <typename T>
 void reduce_elements(ReduceOp op, T* out, const T* a, const T* b, std::size_t count) {
   if constexpr (is_half_type_v<T>) {
-    for (std::size_t i = 0; i < count; ++i) out[i] = store<T>(combine<T>(op, load(a[i]), load(b[i])));
+    for (std::size_t i = 0; i < count; ++i)
+      out[i] = store<T>(combine<T>(op, load(a[i]), load(b[i])));
   } else {
     // Separate loops per operator keep each one trivially vectorizable.
     switch (op) {
@@ -70,10 +71,9 @@ void divide_elements(T* x, std::size_t count, std::int64_t divisor) {
 
 inline void reduce_into(ReduceOp op, const TensorView& out, const TensorView& a,
                         const TensorView& b) {
-  BAGUA_CHECK_ARG(out.numel == a.numel && out.numel == b.numel && out.dtype == a.dtype &&
-                      out.dtype == b.dtype,
-                  "reduce_into: operands differ ({}, {}, {})", out.describe(), a.describe(),
-                  b.describe());
+  BAGUA_CHECK_ARG(
+      out.numel == a.numel && out.numel == b.numel && out.dtype == a.dtype && out.dtype == b.dtype,
+      "reduce_into: operands differ ({}, {}, {})", out.describe(), a.describe(), b.describe());
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = decltype(tag);
     reduce_elements<T>(op, out.data_as<T>(), a.data_as<T>(), b.data_as<T>(),

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 namespace bagua {
 
@@ -26,7 +27,7 @@ namespace detail {
 
 inline std::string env_string(const char* name, std::string fallback) {
   const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::string(value) : fallback;
+  return value != nullptr && *value != '\0' ? std::string(value) : std::move(fallback);
 }
 
 inline double env_double(const char* name, double fallback) {
@@ -45,8 +46,8 @@ inline const EnvConfig& env() {
     c.log_level = detail::env_string("BAGUA_LOG_LEVEL", c.log_level);
     c.comm_timeout = std::chrono::milliseconds(
         static_cast<std::int64_t>(detail::env_double("BAGUA_COMM_TIMEOUT_S", 300.0) * 1000.0));
-    c.default_bucket_bytes = static_cast<std::int64_t>(
-        detail::env_double("BAGUA_DEFAULT_BUCKET_SIZE", static_cast<double>(c.default_bucket_bytes)));
+    c.default_bucket_bytes = static_cast<std::int64_t>(detail::env_double(
+        "BAGUA_DEFAULT_BUCKET_SIZE", static_cast<double>(c.default_bucket_bytes)));
     return c;
   }();
   return config;

@@ -51,17 +51,17 @@ class InternalError : public Error {
 
 }  // namespace bagua
 
-#define BAGUA_CHECK_ARG(cond, ...)                                                   \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define BAGUA_CHECK_ARG(cond, ...)                                                      \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
       throw ::bagua::InvalidArgument(fmt::format(__VA_ARGS__) + " [check: " #cond "]"); \
-    }                                                                                \
+    }                                                                                   \
   } while (0)
 
-#define BAGUA_CHECK_INTERNAL(cond, ...)                                          \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      throw ::bagua::InternalError(fmt::format("{}:{}: ", __FILE__, __LINE__) + \
+#define BAGUA_CHECK_INTERNAL(cond, ...)                                               \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      throw ::bagua::InternalError(fmt::format("{}:{}: ", __FILE__, __LINE__) +       \
                                    fmt::format(__VA_ARGS__) + " [check: " #cond "]"); \
-    }                                                                            \
+    }                                                                                 \
   } while (0)

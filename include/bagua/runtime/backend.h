@@ -73,7 +73,7 @@ class Backend {
   void schedule_ready_buckets_locked();
   void rethrow_if_failed_locked() const;
   std::string describe_pending_locked() const;
-  void communication_loop(std::stop_token stop);
+  void communication_loop(const std::stop_token& stop);
 
   BackendOptions options_;
   mutable std::mutex mutex_;

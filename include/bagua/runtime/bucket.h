@@ -82,13 +82,15 @@ class Bucket {
     staging_.resize(nbytes());
     std::size_t offset = 0;
     for (const auto& tensor : tensors_) {
-      if (tensor.view.nbytes() > 0) std::memcpy(staging_.data() + offset, tensor.view.data, tensor.view.nbytes());
+      if (tensor.view.nbytes() > 0)
+        std::memcpy(staging_.data() + offset, tensor.view.data, tensor.view.nbytes());
       offset += tensor.view.nbytes();
     }
     fn(TensorView{staging_.data(), numel_, dtype(), device()});
     offset = 0;
     for (const auto& tensor : tensors_) {
-      if (tensor.view.nbytes() > 0) std::memcpy(tensor.view.data, staging_.data() + offset, tensor.view.nbytes());
+      if (tensor.view.nbytes() > 0)
+        std::memcpy(tensor.view.data, staging_.data() + offset, tensor.view.nbytes());
       offset += tensor.view.nbytes();
     }
   }

@@ -46,9 +46,9 @@ inline std::vector<std::vector<std::size_t>> plan_buckets(
   std::map<std::pair<int, std::pair<int, int>>, Open> open;
   for (std::size_t i = 0; i < ready_order.size(); ++i) {
     const auto& tensor = ready_order[i];
-    const auto key = std::make_pair(static_cast<int>(tensor.dtype),
-                                    std::make_pair(static_cast<int>(tensor.device.type),
-                                                   tensor.device.index));
+    const auto key =
+        std::make_pair(static_cast<int>(tensor.dtype),
+                       std::make_pair(static_cast<int>(tensor.device.type), tensor.device.index));
     auto& bucket = open[key];
     if (!bucket.members.empty() && bucket.bytes + tensor.nbytes() > bucket_bytes) {
       closed.emplace_back(bucket.members.back(), std::move(bucket.members));
@@ -58,7 +58,8 @@ inline std::vector<std::vector<std::size_t>> plan_buckets(
     bucket.bytes += tensor.nbytes();
   }
   for (auto& [key, bucket] : open) {
-    if (!bucket.members.empty()) closed.emplace_back(bucket.members.back(), std::move(bucket.members));
+    if (!bucket.members.empty())
+      closed.emplace_back(bucket.members.back(), std::move(bucket.members));
   }
   std::sort(closed.begin(), closed.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
