@@ -330,6 +330,7 @@ PYBIND11_MODULE(bagua_core, m) {
       .def("mark_remaining_ready", &Backend::mark_remaining_ready)
       .def("wait_pending_comm_ops", &Backend::wait_pending_comm_ops, release)
       .def("last_ready_order", &Backend::last_ready_order)
+      .def("stats_json", &Backend::stats_json)
       .def_property_readonly("completed_iterations", &Backend::completed_iterations);
 
   m.def(

@@ -1,6 +1,7 @@
 #include "bagua/runtime/backend.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "bagua/core/env.h"
 #include "bagua/core/errors.h"
@@ -43,6 +44,7 @@ void Backend::register_ordered_buckets(std::vector<std::shared_ptr<Bucket>> buck
     tensor_ready_[b].assign(buckets_[b]->tensors().size(), false);
   }
   ready_count_.assign(buckets_.size(), 0);
+  op_stats_.assign(buckets_.size(), {});
   next_to_schedule_ = 0;
   completed_ = 0;
   ready_order_.clear();
@@ -120,6 +122,30 @@ void Backend::wait_pending_comm_ops() {
   ++iterations_;
 }
 
+std::string Backend::stats_json() const {
+  std::lock_guard lock(mutex_);
+  nlohmann::json buckets = nlohmann::json::array();
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const auto& bucket = *buckets_[b];
+    nlohmann::json ops = nlohmann::json::array();
+    for (std::size_t o = 0; o < bucket.ops().size(); ++o) {
+      const OpStats stats = o < op_stats_[b].size() ? op_stats_[b][o] : OpStats{};
+      ops.push_back({{"name", bucket.ops()[o]->name()},
+                     {"executions", stats.executions},
+                     {"total_seconds", stats.total_seconds}});
+    }
+    buckets.push_back({{"name", bucket.name()},
+                       {"tensors", bucket.tensors().size()},
+                       {"bytes", bucket.nbytes()},
+                       {"flat", bucket.is_flat()},
+                       {"ops", std::move(ops)}});
+  }
+  return nlohmann::json{{"rank", options_.rank},
+                        {"completed_iterations", iterations_},
+                        {"buckets", std::move(buckets)}}
+      .dump();
+}
+
 std::vector<std::string> Backend::last_ready_order() const {
   std::lock_guard lock(mutex_);
   return last_ready_order_;
@@ -165,13 +191,21 @@ void Backend::communication_loop(const std::stop_token& stop) {
     lock.unlock();
     std::exception_ptr failure;
     std::string failed_op;
-    for (const auto& op : bucket->ops()) {
+    for (std::size_t op_index = 0; op_index < bucket->ops().size(); ++op_index) {
+      const auto& op = bucket->ops()[op_index];
       {
         std::lock_guard guard(mutex_);
         running_op_ = std::string(op->name());
       }
       try {
+        const auto start = std::chrono::steady_clock::now();
         op->execute(*bucket);
+        const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+        std::lock_guard guard(mutex_);
+        auto& stats = op_stats_[index];
+        if (stats.size() < bucket->ops().size()) stats.resize(bucket->ops().size());
+        stats[op_index].executions += 1;
+        stats[op_index].total_seconds += took.count();
       } catch (const Error& e) {
         failure = std::current_exception();
         failed_op = std::string(op->name());

@@ -16,9 +16,11 @@
 namespace bagua::testing {
 
 // Calls fn(communicator) on `world` threads; rethrows the first failure.
+// `store` defaults to a fresh in-memory HashStore.
 inline void run_ranks(int world, const std::function<void(Communicator&)>& fn,
-                      std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  auto store = make_hash_store();
+                      std::chrono::milliseconds timeout = std::chrono::seconds(20),
+                      std::shared_ptr<Store> store = nullptr) {
+  if (!store) store = make_hash_store();
   std::vector<std::exception_ptr> failures(static_cast<std::size_t>(world));
   {
     std::vector<std::jthread> threads;

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <thread>
 
@@ -56,6 +57,13 @@ TEST_CASE("buckets execute in registration order, not readiness order") {
     CHECK(backend.last_ready_order() == std::vector<std::string>{"t2", "t1", "t0"});
   }
   CHECK(backend.completed_iterations() == 3);
+  const auto stats = nlohmann::json::parse(backend.stats_json());
+  CHECK(stats["completed_iterations"] == 3);
+  REQUIRE(stats["buckets"].size() == 3);
+  CHECK(stats["buckets"][1]["name"] == "b1");
+  CHECK(stats["buckets"][1]["bytes"] == 16);
+  CHECK(stats["buckets"][1]["ops"][0]["name"] == "python_op");
+  CHECK(stats["buckets"][1]["ops"][0]["executions"] == 3);
 }
 
 TEST_CASE("readiness errors: unknown tensor, marked twice") {

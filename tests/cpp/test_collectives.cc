@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "bagua/comm/communicator.h"
@@ -269,4 +271,20 @@ TEST_CASE("a peer that never arrives is a TimeoutError naming the op and rank") 
   CHECK(errors[0].find("allreduce on rank 0") != std::string::npos);
   CHECK(errors[0].find("timed out") != std::string::npos);
   CHECK(errors[1].empty());
+}
+
+TEST_CASE("rendezvous through Gloo's FileStore (ranks sharing a directory)") {
+  char pattern[] = "/tmp/bagua-filestore-XXXXXX";
+  REQUIRE(mkdtemp(pattern) != nullptr);
+  const std::string directory = pattern;
+  testing::run_ranks(
+      3,
+      [&](Communicator& comm) {
+        std::int64_t value = comm.rank() + 1;
+        TensorView view{&value, 1, DType::kInt64, {}};
+        comm.allreduce(view, view, ReduceOp::kSum);
+        REQUIRE(value == 6);
+      },
+      std::chrono::seconds(20), make_file_store(directory));
+  std::filesystem::remove_all(directory);
 }

@@ -222,6 +222,100 @@ def scenario_errors(out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+class Reordered(torch.nn.Module):
+    """Registered in another order than used: its gradients become ready in an
+    order that differs from the reverse registration order."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = torch.nn.Linear(13, 5)
+        self.first = torch.nn.Linear(20, 37)
+        self.middle = torch.nn.Linear(37, 13)
+
+    def forward(self, x):
+        return self.last(torch.relu(self.middle(torch.relu(self.first(x)))))
+
+
+def _bucket_order(model):
+    return [t.name for b in model.bagua_buckets for t in b.tensors]
+
+
+def scenario_replan(out_dir):
+    """Buckets re-planned from the profiled ready order, results still DDP's."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    data = batches(rank)
+    torch.manual_seed(3)
+    reference = Reordered()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    ddp_params = train(torch.nn.parallel.DistributedDataParallel(reference), opt, data, False)
+
+    torch.manual_seed(3)
+    model = Reordered()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model = model.with_bagua([opt], GradientAllReduceAlgorithm())
+    initial = _bucket_order(model)
+    params = train(model, opt, data, set_to_none=True)
+    results = {
+        "ddp": ddp_params, "bagua": params, "initial_order": initial,
+        "final_order": _bucket_order(model),
+        "ready_order": model.bagua_ddp._bagua_backend.last_ready_order(),
+        "stats": model.bagua_ddp.communication_stats(),
+    }
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_straggler_timeout(out_dir):
+    """Rank 1 wraps the model and then never communicates: rank 0's step must
+    fail after BAGUA_COMM_TIMEOUT_S with an error naming rank, op and bucket."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    model, opt = fresh_model_and_optimizer("sgd")
+    model = model.with_bagua([opt], GradientAllReduceAlgorithm())
+    results = {}
+    if rank == 1:
+        import time
+
+        time.sleep(float(os.environ["BAGUA_COMM_TIMEOUT_S"]) * 3)
+    else:
+        import time
+
+        x, y = batches(rank, steps=1)[0]
+        start = time.monotonic()
+        results["error"] = _capture(lambda: F.cross_entropy(model(x), y).backward())
+        results["seconds"] = time.monotonic() - start
+        # later waits keep failing the same way rather than hanging
+        results["again"] = _capture(lambda: model.bagua_ddp.wait_pending_comm_ops())
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_python_op_error(out_dir):
+    """An exception raised by a python op reaches the training thread."""
+    from bagua.torch_api.algorithms import Algorithm, AlgorithmImpl
+
+    class FailingImpl(AlgorithmImpl):
+        def init_operations(self, bagua_ddp, bucket):
+            bucket.clear_ops()
+            bucket.append_centralized_synchronous_op(group=self.process_group)
+
+            def fail(name):
+                raise KeyError(f"no such thing in {name}")
+
+            bucket.append_python_op(fail)
+
+    class Failing(Algorithm):
+        def reify(self, process_group):
+            return FailingImpl(process_group)
+
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    model, opt = fresh_model_and_optimizer("sgd")
+    model = model.with_bagua([opt], Failing())
+    x, y = batches(rank, steps=1)[0]
+    results = {"error": _capture(lambda: F.cross_entropy(model(x), y).backward())}
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -61,9 +61,17 @@ class Backend {
   // completed iteration (tensors marked by mark_remaining_ready come last).
   std::vector<std::string> last_ready_order() const;
   std::size_t completed_iterations() const;
+  // Per bucket: tensors, bytes, and per op the number of executions and the
+  // seconds spent, as a JSON object (since the last registration).
+  std::string stats_json() const;
   const std::vector<std::shared_ptr<Bucket>>& buckets() const { return buckets_; }
 
  private:
+  struct OpStats {
+    std::int64_t executions = 0;
+    double total_seconds = 0.0;
+  };
+
   struct TensorSlot {
     std::size_t bucket;
     std::size_t tensor;
@@ -89,6 +97,7 @@ class Backend {
   std::vector<std::string> ready_order_;
   std::vector<std::string> last_ready_order_;
   std::size_t iterations_ = 0;
+  std::vector<std::vector<OpStats>> op_stats_;  // [bucket][op]
 
   // What the communication thread is doing, for timeout messages.
   std::string running_op_;

@@ -245,6 +245,13 @@ class BaguaDistributedDataParallel:
                 if tensor.name not in self._marked:
                     tensor.bagua_mark_communication_ready()
 
+    def communication_stats(self) -> dict:
+        """Per bucket: tensors, bytes, and per op its executions and seconds
+        spent on the communication thread since the buckets were last built."""
+        import json
+
+        return json.loads(self._bagua_backend.stats_json())
+
     def wait_pending_comm_ops(self) -> None:
         self._bagua_backend.wait_pending_comm_ops()
         self._marked.clear()
