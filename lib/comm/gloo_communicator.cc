@@ -279,6 +279,33 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  void send_recv(std::span<const PeerMessage> sends,
+                 std::span<const PeerMessage> receives) override {
+    for (const auto& message : sends) check_peer("send_recv", message.peer);
+    for (const auto& message : receives) check_peer("send_recv", message.peer);
+    run("send_recv", [&] {
+      std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> posted_sends;
+      std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> posted_receives;
+      for (const auto& message : receives) {
+        if (message.buffer.numel == 0) continue;
+        auto unbound = context_->createUnboundBuffer(message.buffer.data, message.buffer.nbytes());
+        unbound->recv(message.peer,
+                      kP2PSlotBase + recv_sequence_[static_cast<std::size_t>(message.peer)]++);
+        posted_receives.push_back(std::move(unbound));
+      }
+      for (const auto& message : sends) {
+        if (message.buffer.numel == 0) continue;
+        count(message.buffer.nbytes());
+        auto unbound = context_->createUnboundBuffer(message.buffer.data, message.buffer.nbytes());
+        unbound->send(message.peer,
+                      kP2PSlotBase + send_sequence_[static_cast<std::size_t>(message.peer)]++);
+        posted_sends.push_back(std::move(unbound));
+      }
+      for (auto& unbound : posted_sends) unbound->waitSend(options_.timeout);
+      for (auto& unbound : posted_receives) unbound->waitRecv(options_.timeout);
+    });
+  }
+
   void barrier() override {
     if (size() == 1) return;
     run("barrier", [&] {

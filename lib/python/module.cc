@@ -296,6 +296,36 @@ PYBIND11_MODULE(bagua_core, m) {
           },
           py::arg("communicator"), py::arg("hierarchy"), py::arg("hierarchical"),
           py::arg("average"), py::arg("scattergather"))
+      .def(
+          "append_centralized_low_precision_op",
+          [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
+             bool hierarchical, bool average, bool error_feedback) {
+            b.append_op(std::make_unique<CentralizedLowPrecisionOp>(
+                std::move(global), std::move(hierarchy), b.dtype(),
+                CentralizedLowPrecisionOptions{.hierarchical = hierarchical,
+                                               .average = average,
+                                               .error_feedback = error_feedback}));
+          },
+          py::arg("communicator"), py::arg("hierarchy"), py::arg("hierarchical"),
+          py::arg("average"), py::arg("error_feedback"))
+      .def(
+          "append_low_precision_decentralized_op",
+          [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
+             const TensorView& weight, const TensorView& left, const TensorView& right,
+             bool hierarchical) {
+            b.append_op(std::make_unique<LowPrecisionDecentralizedOp>(
+                std::move(global), std::move(hierarchy), weight, left, right, b.numel(), b.dtype(),
+                LowPrecisionDecentralizedOptions{.hierarchical = hierarchical}));
+          },
+          py::arg("communicator"), py::arg("hierarchy"), py::arg("weight"), py::arg("left"),
+          py::arg("right"), py::arg("hierarchical"))
+      .def_property_readonly("op_bytes_sent",
+                             [](const Bucket& b) {
+                               std::vector<std::int64_t> bytes;
+                               bytes.reserve(b.ops().size());
+                               for (const auto& op : b.ops()) bytes.push_back(op->bytes_sent());
+                               return bytes;
+                             })
       .def("append_python_op",
            [](Bucket& b, py::function fn) {
              b.append_op(std::make_unique<CallbackOp>(python_callback(std::move(fn))));
@@ -333,6 +363,28 @@ PYBIND11_MODULE(bagua_core, m) {
       .def("stats_json", &Backend::stats_json)
       .def_property_readonly("completed_iterations", &Backend::completed_iterations);
 
+  m.def("minmax_uint8_compressed_bytes",
+        [](std::int64_t numel) { return minmax_uint8::compressed_bytes(numel); });
+  m.def(
+      "minmax_uint8_compress",
+      [](const TensorView& input, const TensorView& output) {
+        check_compressible(input.dtype, "minmax_uint8_compress");
+        BAGUA_CHECK_ARG(output.nbytes() == minmax_uint8::compressed_bytes(input.numel),
+                        "minmax_uint8_compress: output has {} bytes, {} needed", output.nbytes(),
+                        minmax_uint8::compressed_bytes(input.numel));
+        minmax_uint8::compress_view(input, output.bytes());
+      },
+      release);
+  m.def(
+      "minmax_uint8_decompress",
+      [](const TensorView& input, const TensorView& output, bool accumulate) {
+        check_compressible(output.dtype, "minmax_uint8_decompress");
+        BAGUA_CHECK_ARG(input.nbytes() == minmax_uint8::compressed_bytes(output.numel),
+                        "minmax_uint8_decompress: input has {} bytes, {} expected", input.nbytes(),
+                        minmax_uint8::compressed_bytes(output.numel));
+        minmax_uint8::decompress_view(input.bytes(), output, accumulate);
+      },
+      py::arg("input"), py::arg("output"), py::arg("accumulate") = false, release);
   m.def(
       "plan_buckets",
       [](const std::vector<std::tuple<std::string, std::int64_t, std::string, std::string>>&

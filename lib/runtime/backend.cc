@@ -132,6 +132,7 @@ std::string Backend::stats_json() const {
       const OpStats stats = o < op_stats_[b].size() ? op_stats_[b][o] : OpStats{};
       ops.push_back({{"name", bucket.ops()[o]->name()},
                      {"executions", stats.executions},
+                     {"bytes_sent", bucket.ops()[o]->bytes_sent()},
                      {"total_seconds", stats.total_seconds}});
     }
     buckets.push_back({{"name", bucket.name()},

@@ -3,16 +3,33 @@
 #include "bagua/core/cuda_support.h"
 
 namespace bagua {
+namespace {
+
+[[noreturn]] void no_cuda(const TensorView& x) {
+  throw InvalidArgument(
+      "this build of bagua has no CUDA support (rebuild with nvcc available and "
+      "-Dcuda=enabled); cannot process " +
+      x.describe());
+}
+
+}  // namespace
 
 bool cuda_compiled() noexcept { return false; }
 
 int cuda_device_count() noexcept { return 0; }
 
 void cuda_divide_inplace(const TensorView& x, std::int64_t /*divisor*/, void* /*stream*/) {
-  throw InvalidArgument(
-      "this build of bagua has no CUDA support (rebuild with nvcc available "
-      "and -Dcuda=enabled); cannot process " +
-      x.describe());
+  no_cuda(x);
+}
+
+void cuda_minmax_uint8_compress(const TensorView& x, std::int64_t /*chunk_elements*/, void* /*out*/,
+                                void* /*stream*/) {
+  no_cuda(x);
+}
+
+void cuda_minmax_uint8_decompress(const void* /*in*/, std::int64_t /*chunk_elements*/,
+                                  const TensorView& out, bool /*accumulate*/, void* /*stream*/) {
+  no_cuda(out);
 }
 
 }  // namespace bagua

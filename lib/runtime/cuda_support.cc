@@ -22,4 +22,27 @@ void cuda_divide_inplace(const TensorView& x, std::int64_t divisor, void* stream
   }
 }
 
+void cuda_minmax_uint8_compress(const TensorView& x, std::int64_t chunk_elements, void* out,
+                                void* stream) {
+  BAGUA_CHECK_ARG(x.device.type == DeviceType::kCUDA,
+                  "cuda_minmax_uint8_compress needs a CUDA tensor, got {}", x.describe());
+  BAGUA_CHECK_ARG(chunk_elements > 0, "chunk_elements must be positive, got {}", chunk_elements);
+  if (const char* error = kernels::minmax_uint8_compress(x.data, x.numel, static_cast<int>(x.dtype),
+                                                         chunk_elements, out, stream)) {
+    throw BackendError("cuda_minmax_uint8_compress on " + x.describe() + ": " + error);
+  }
+}
+
+void cuda_minmax_uint8_decompress(const void* in, std::int64_t chunk_elements,
+                                  const TensorView& out, bool accumulate, void* stream) {
+  BAGUA_CHECK_ARG(out.device.type == DeviceType::kCUDA,
+                  "cuda_minmax_uint8_decompress needs a CUDA tensor, got {}", out.describe());
+  BAGUA_CHECK_ARG(chunk_elements > 0, "chunk_elements must be positive, got {}", chunk_elements);
+  if (const char* error =
+          kernels::minmax_uint8_decompress(in, out.numel, static_cast<int>(out.dtype),
+                                           chunk_elements, out.data, accumulate, stream)) {
+    throw BackendError("cuda_minmax_uint8_decompress on " + out.describe() + ": " + error);
+  }
+}
+
 }  // namespace bagua

@@ -58,4 +58,4 @@ def run_workers(scenario: str, world_size: int, out_dir: Path, local_size: int =
         logs = "\n".join(f"--- rank {r} ---\n" + (out_dir / f"rank{r}.log").read_text()[-3000:]
                          for r in range(world_size))
         raise AssertionError(f"scenario {scenario} on {world_size} ranks failed: {failed}\n{logs}")
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

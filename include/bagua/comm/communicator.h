@@ -33,6 +33,12 @@ struct CommCounters {
   std::atomic<std::int64_t> calls{0};
 };
 
+// One point-to-point message of a grouped exchange.
+struct PeerMessage {
+  TensorView buffer;
+  int peer = -1;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -60,6 +66,11 @@ class Communicator {
   virtual void alltoall(const TensorView& send, const TensorView& recv) = 0;
   virtual void send(const TensorView& buffer, int peer) = 0;
   virtual void recv(const TensorView& buffer, int peer) = 0;
+  // Posts every send and receive, then waits for all: a group of exchanges
+  // that cannot deadlock whatever order the peers list them in. Messages to
+  // the same peer match in list order.
+  virtual void send_recv(std::span<const PeerMessage> sends,
+                         std::span<const PeerMessage> receives) = 0;
   virtual void barrier() = 0;
 
   // Marks the communicator unusable; later calls throw. Safe from any thread.

@@ -24,4 +24,12 @@ int cuda_device_count() noexcept;
 // without CUDA, BackendError when the launch fails.
 void cuda_divide_inplace(const TensorView& x, std::int64_t divisor, void* stream);
 
+// MinMaxUInt8 on the device, chunks of `chunk_elements` each with its own
+// min/max; `out` is a device buffer of chunks * 8 + numel bytes. Same codes as
+// the CPU path (bagua/compression/minmax_uint8.h).
+void cuda_minmax_uint8_compress(const TensorView& x, std::int64_t chunk_elements, void* out,
+                                void* stream);
+void cuda_minmax_uint8_decompress(const void* in, std::int64_t chunk_elements,
+                                  const TensorView& out, bool accumulate, void* stream);
+
 }  // namespace bagua

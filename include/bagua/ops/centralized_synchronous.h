@@ -40,6 +40,8 @@ class CentralizedSynchronousOp final : public CommOp {
   std::string_view name() const override { return "centralized_synchronous"; }
 
   void execute(Bucket& bucket) override {
+    const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
+                                  hierarchy_ ? hierarchy_->inter.get() : nullptr});
     bucket.with_flat_view([&](const TensorView& data) {
       if (!options_.hierarchical) {
         reduce_on(*global_, data, options_.average ? ReduceOp::kAvg : ReduceOp::kSum);

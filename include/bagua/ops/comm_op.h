@@ -9,7 +9,13 @@
 // before any communication happens.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
 #include <string_view>
+#include <vector>
+
+#include "bagua/comm/communicator.h"
 
 namespace bagua {
 
@@ -20,6 +26,40 @@ class CommOp {
   virtual ~CommOp() = default;
   virtual std::string_view name() const = 0;
   virtual void execute(Bucket& bucket) = 0;
+
+  // Bytes this op has sent over all its executions (the communicators'
+  // payload counts, see CommCounters).
+  std::int64_t bytes_sent() const { return bytes_sent_.load(); }
+
+ protected:
+  // Counts what the given communicators send from construction to
+  // destruction into the op's bytes_sent(). Null communicators are skipped.
+  class ByteMeter {
+   public:
+    ByteMeter(CommOp& op, std::initializer_list<const Communicator*> comms) : op_(op) {
+      for (const auto* comm : comms) {
+        if (comm != nullptr) {
+          comms_.push_back(comm);
+          start_ += comm->counters().bytes_sent.load();
+        }
+      }
+    }
+    ~ByteMeter() {
+      std::int64_t now = 0;
+      for (const auto* comm : comms_) now += comm->counters().bytes_sent.load();
+      op_.bytes_sent_ += now - start_;
+    }
+    ByteMeter(const ByteMeter&) = delete;
+    ByteMeter& operator=(const ByteMeter&) = delete;
+
+   private:
+    CommOp& op_;
+    std::vector<const Communicator*> comms_;
+    std::int64_t start_ = 0;
+  };
+
+ private:
+  std::atomic<std::int64_t> bytes_sent_{0};
 };
 
 }  // namespace bagua

@@ -1,0 +1,284 @@
+// MinMaxUInt8: the error bound over random sizes and ranges, the rule for
+// constant chunks and non-finite values, the byte layout; C_LP_S against an
+// exact allreduce; error feedback; D_LP_S ring consistency.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "bagua/compression/compressor.h"
+#include "bagua/ops/centralized_low_precision.h"
+#include "bagua/ops/centralized_synchronous.h"
+#include "bagua/ops/decentralized_low_precision.h"
+#include "rank_threads.h"
+#include "typed_buffer.h"
+
+using namespace bagua;
+using bagua::testing::TypedBuffer;
+namespace q = bagua::minmax_uint8;
+
+namespace {
+
+const std::vector<DType> kFloatTypes{DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                     DType::kBFloat16};
+
+// Rounding of storing a float into `dtype`, relative.
+double storage_epsilon(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return 1.0 / 2048;
+    case DType::kBFloat16: return 1.0 / 256;
+    default: return 1.0 / (1 << 24);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("MinMaxUInt8 round trip stays within (max - min) / 510 plus float rounding") {
+  std::mt19937 rng(1234);
+  std::vector<std::int64_t> sizes{0, 1, 2, 3, 7, 255, 256, 1000, 4097};
+  for (int i = 0; i < 20; ++i) sizes.push_back(std::uniform_int_distribution<int>(1, 5000)(rng));
+  for (DType dtype : kFloatTypes) {
+    for (std::int64_t n : sizes) {
+      for (double magnitude : {1e-3, 1.0, 37.0, 1e3}) {
+        for (double offset : {0.0, 5.0, -100.0}) {
+          CAPTURE(to_string(dtype));
+          CAPTURE(n);
+          CAPTURE(magnitude);
+          CAPTURE(offset);
+          TypedBuffer x(dtype, n), y(dtype, n);
+          std::uniform_real_distribution<double> value(-magnitude, magnitude);
+          for (std::int64_t i = 0; i < n; ++i) x.set(i, offset + value(rng));
+          std::vector<std::byte> packed(q::compressed_bytes(n));
+          q::compress_view(x.view(), packed.data());
+          q::decompress_view(packed.data(), y.view(), false);
+          double lo = 0, hi = 0, max_abs = 0;
+          for (std::int64_t i = 0; i < n; ++i) {
+            lo = i == 0 ? x.get(i) : std::min(lo, x.get(i));
+            hi = i == 0 ? x.get(i) : std::max(hi, x.get(i));
+            max_abs = std::max(max_abs, std::abs(x.get(i)));
+          }
+          // Header holds the float min and max.
+          float header[2];
+          std::memcpy(header, packed.data(), sizeof(header));
+          if (n > 0) {
+            CHECK(header[0] == static_cast<float>(lo));
+            CHECK(header[1] == static_cast<float>(hi));
+          }
+          const double bound = (hi - lo) / 255.0 / 2.0 + 4.0 * max_abs / (1 << 24) + 1e-7 +
+                               storage_epsilon(dtype) * max_abs;
+          for (std::int64_t i = 0; i < n; ++i) REQUIRE(std::abs(y.get(i) - x.get(i)) <= bound);
+          // Decompressing with accumulate adds to what is there.
+          TypedBuffer z(DType::kFloat64, n);
+          for (std::int64_t i = 0; i < n; ++i) z.set(i, 1.0);
+          q::decompress_view(packed.data(), z.view(), true);
+          for (std::int64_t i = 0; i < n; ++i) {
+            REQUIRE(std::abs(z.get(i) - 1.0 - x.get(i)) <= bound + 1e-9);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("MinMaxUInt8 rules: constant chunks are exact, non-finite chunks decode to NaN") {
+  std::vector<float> constant(17, 3.25f), out(17, 0.0f);
+  std::vector<std::byte> packed(q::compressed_bytes(17));
+  q::compress<float>(constant.data(), 17, packed.data());
+  q::decompress<float>(packed.data(), 17, out.data(), false);
+  for (float v : out) CHECK(v == 3.25f);
+
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x{1.0f, 2.0f, bad, 4.0f};
+    std::vector<float> y(4, 0.0f);
+    std::vector<std::byte> bytes(q::compressed_bytes(4));
+    q::compress<float>(x.data(), 4, bytes.data());
+    q::decompress<float>(bytes.data(), 4, y.data(), false);
+    for (float v : y) CHECK(std::isnan(v));
+  }
+  // The extremes decode to themselves within the bound (here exactly for 0 and 255 levels).
+  std::vector<float> x{-1.0f, 0.0f, 1.0f};
+  std::vector<float> y(3);
+  std::vector<std::byte> bytes(q::compressed_bytes(3));
+  q::compress<float>(x.data(), 3, bytes.data());
+  q::decompress<float>(bytes.data(), 3, y.data(), false);
+  for (int i = 0; i < 3; ++i) CHECK(std::abs(y[i] - x[i]) <= 2.0f / 510.0f + 1e-6f);
+  CHECK_THROWS_AS(check_compressible(DType::kInt32, "test"), InvalidArgument);
+  CHECK(parse_compression("MinMaxUInt8") == Compression::kMinMaxUInt8);
+  CHECK_THROWS_AS(parse_compression("TopK"), InvalidArgument);
+}
+
+namespace {
+
+// Rank r's input: values in [-(r+1), r+1].
+std::vector<float> lp_input(int rank, std::int64_t n, int seed) {
+  std::mt19937 rng(static_cast<unsigned>(seed * 101 + rank));
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (auto& v : x) v = value(rng) * static_cast<float>(rank + 1);
+  return x;
+}
+
+std::shared_ptr<Communicator> all_ranks(Communicator& comm) {
+  std::vector<int> ranks(static_cast<std::size_t>(comm.size()));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return comm.new_group(ranks);
+}
+
+TensorView view_of(std::vector<float>& v) {
+  return TensorView{v.data(), static_cast<std::int64_t>(v.size()), DType::kFloat32, {}};
+}
+
+}  // namespace
+
+TEST_CASE("C_LP_S matches an exact allreduce within the quantization bound") {
+  for (int world = 1; world <= 5; ++world) {
+    for (bool hierarchical : {false, true}) {
+      for (bool average : {true, false}) {
+        CAPTURE(world);
+        CAPTURE(hierarchical);
+        CAPTURE(average);
+        testing::run_ranks(world, [&](Communicator& comm) {
+          auto bucket_comm = all_ranks(comm);
+          auto hierarchy =
+              std::make_shared<HierarchicalComms>(make_hierarchical_comms(*bucket_comm, 2));
+          for (std::int64_t n : {std::int64_t{1}, std::int64_t{13}, std::int64_t{1001}}) {
+            // Two tensors of unequal size in one bucket, not flattened.
+            const std::int64_t first = n / 3;
+            auto x = lp_input(comm.rank(), n, static_cast<int>(n));
+            std::vector<float> a(x.begin(), x.begin() + first), b(x.begin() + first, x.end());
+            std::vector<BucketTensor> tensors{{"a", view_of(a)}, {"b", view_of(b)}};
+            if (first == 0) tensors.erase(tensors.begin());
+            Bucket bucket("lp", tensors);
+            bucket.append_op(std::make_unique<CentralizedLowPrecisionOp>(
+                bucket_comm, hierarchy, DType::kFloat32,
+                CentralizedLowPrecisionOptions{
+                    .hierarchical = hierarchical, .average = average, .error_feedback = false}));
+            bucket.ops().front()->execute(bucket);
+            std::vector<float> result(a);
+            result.insert(result.end(), b.begin(), b.end());
+            // Exact reference: every rank's input is known here.
+            double range_sum = 0;
+            for (int r = 0; r < world; ++r) range_sum += 2.0 * (r + 1);
+            const double bound = 2.0 * range_sum / 510.0 / (average ? world : 1) + 1e-5;
+            for (std::int64_t i = 0; i < n; ++i) {
+              double exact = 0;
+              for (int r = 0; r < world; ++r)
+                exact += lp_input(r, n, static_cast<int>(n))[static_cast<std::size_t>(i)];
+              if (average) exact /= world;
+              REQUIRE(std::abs(result[static_cast<std::size_t>(i)] - exact) <= bound);
+            }
+          }
+        });
+      }
+    }
+  }
+}
+
+TEST_CASE("C_LP_S moves at most 1/3.9 of C_FP_S's bytes for fp32") {
+  testing::run_ranks(4, [&](Communicator& comm) {
+    auto bucket_comm = all_ranks(comm);
+    auto x = lp_input(comm.rank(), 100'000, 9);
+    Bucket full("full", {{"x", view_of(x)}});
+    full.append_op(std::make_unique<CentralizedSynchronousOp>(bucket_comm, nullptr,
+                                                              CentralizedSynchronousOptions{}));
+    full.ops().front()->execute(full);
+    Bucket low("low", {{"x", view_of(x)}});
+    low.append_op(std::make_unique<CentralizedLowPrecisionOp>(bucket_comm, nullptr, DType::kFloat32,
+                                                              CentralizedLowPrecisionOptions{}));
+    low.ops().front()->execute(low);
+    const auto full_bytes = full.ops().front()->bytes_sent();
+    const auto low_bytes = low.ops().front()->bytes_sent();
+    CAPTURE(full_bytes);
+    CAPTURE(low_bytes);
+    CHECK(full_bytes == 2 * 3 * 100'000 * 4 / 4);  // ring allreduce: 2(n-1)/n of the buffer
+    CHECK(static_cast<double>(full_bytes) / static_cast<double>(low_bytes) >= 3.9);
+  });
+}
+
+TEST_CASE("C_LP_S error feedback keeps the accumulated error at one step's size") {
+  const int world = 3;
+  const std::int64_t n = 301;
+  const int steps = 40;
+  std::vector<double> drift(2, 0.0);
+  for (bool feedback : {false, true}) {
+    testing::run_ranks(world, [&](Communicator& comm) {
+      auto bucket_comm = all_ranks(comm);
+      std::vector<float> x(static_cast<std::size_t>(n));
+      Bucket bucket("ef", {{"x", view_of(x)}});
+      bucket.append_op(std::make_unique<CentralizedLowPrecisionOp>(
+          bucket_comm, nullptr, DType::kFloat32,
+          CentralizedLowPrecisionOptions{
+              .hierarchical = false, .average = true, .error_feedback = feedback}));
+      std::vector<double> sum_out(static_cast<std::size_t>(n), 0.0),
+          sum_exact(static_cast<std::size_t>(n), 0.0);
+      for (int step = 0; step < steps; ++step) {
+        const auto input = lp_input(comm.rank(), n, 5);    // the same input every step
+        std::copy(input.begin(), input.end(), x.begin());  // (x's memory is the bucket's)
+        bucket.ops().front()->execute(bucket);
+        for (std::int64_t i = 0; i < n; ++i) {
+          double exact = 0;
+          for (int r = 0; r < world; ++r) exact += lp_input(r, n, 5)[static_cast<std::size_t>(i)];
+          sum_exact[static_cast<std::size_t>(i)] += exact / world;
+          sum_out[static_cast<std::size_t>(i)] += x[static_cast<std::size_t>(i)];
+        }
+      }
+      double worst = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        worst = std::max(worst, std::abs(sum_out[static_cast<std::size_t>(i)] -
+                                         sum_exact[static_cast<std::size_t>(i)]));
+      }
+      if (comm.rank() == 0) drift[feedback ? 1 : 0] = worst;
+    });
+  }
+  CAPTURE(drift[0]);
+  CAPTURE(drift[1]);
+  // One step's error is at most 2 * (2 + 4 + 6) / 510 / 3 ~ 0.016.
+  CHECK(drift[1] <= 0.05);
+  CHECK(drift[0] > 4 * drift[1]);  // without feedback the same error adds up every step
+}
+
+TEST_CASE("D_LP_S keeps every rank's weight equal to its neighbours' copies of it") {
+  for (int world = 1; world <= 5; ++world) {
+    for (bool hierarchical : {false, true}) {
+      CAPTURE(world);
+      CAPTURE(hierarchical);
+      const std::int64_t n = 1000;
+      std::vector<std::vector<float>> final_w(world), final_l(world), final_r(world);
+      testing::run_ranks(world, [&](Communicator& comm) {
+        auto bucket_comm = all_ranks(comm);
+        auto hierarchy =
+            std::make_shared<HierarchicalComms>(make_hierarchical_comms(*bucket_comm, 2));
+        std::vector<float> x(static_cast<std::size_t>(n), 0.5f);
+        std::vector<float> w(x), l(x), r(x);
+        Bucket bucket("dlp", {{"x", view_of(x)}});
+        bucket.append_op(std::make_unique<LowPrecisionDecentralizedOp>(
+            bucket_comm, hierarchy, view_of(w), view_of(l), view_of(r), n, DType::kFloat32,
+            LowPrecisionDecentralizedOptions{.hierarchical = hierarchical}));
+        for (int step = 0; step < 5; ++step) {
+          const auto update =
+              lp_input(comm.rank(), n, step);  // a different "gradient step" per rank
+          for (std::int64_t i = 0; i < n; ++i)
+            x[static_cast<std::size_t>(i)] -= 0.1f * update[static_cast<std::size_t>(i)];
+          bucket.ops().front()->execute(bucket);
+          REQUIRE(x == w);
+        }
+        final_w[comm.rank()] = w;
+        final_l[comm.rank()] = l;
+        final_r[comm.rank()] = r;
+      });
+      // Ring among the communicating ranks: all ranks (flat) or node leaders.
+      std::vector<int> ring;
+      for (int rank = 0; rank < world; rank += hierarchical ? 2 : 1) ring.push_back(rank);
+      const int m = static_cast<int>(ring.size());
+      for (int i = 0; i < m; ++i) {
+        const int me = ring[i], left = ring[(i + m - 1) % m], right = ring[(i + 1) % m];
+        CHECK(final_r[left] == final_w[me]);
+        CHECK(final_l[right] == final_w[me]);
+      }
+    }
+  }
+}
