@@ -19,12 +19,27 @@ from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 import bagua.torch_api as bagua
-from bagua.torch_api.algorithms import gradient_allreduce
+from bagua.torch_api.algorithms import bytegrad, decentralized, gradient_allreduce, q_adam
 
+
+def sgd(model, args):
+    return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+
+# name -> (optimizer factory, algorithm factory)
 ALGORITHMS = {
-    "gradient_allreduce": lambda args: gradient_allreduce.GradientAllReduceAlgorithm(),
-    "gradient_allreduce_hierarchical":
-        lambda args: gradient_allreduce.GradientAllReduceAlgorithm(hierarchical=True),
+    "gradient_allreduce": (sgd, lambda opt, args: gradient_allreduce.GradientAllReduceAlgorithm()),
+    "gradient_allreduce_hierarchical": (
+        sgd, lambda opt, args: gradient_allreduce.GradientAllReduceAlgorithm(hierarchical=True)),
+    "bytegrad": (sgd, lambda opt, args: bytegrad.ByteGradAlgorithm()),
+    "qadam": (lambda model, args: q_adam.QAdamOptimizer(model.parameters(), lr=args.adam_lr,
+                                                         warmup_steps=args.warmup_steps),
+              lambda opt, args: q_adam.QAdamAlgorithm(opt)),
+    "low_precision_decentralized": (
+        sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm()),
+    # the ring among all ranks, no intra-node averaging first
+    "low_precision_decentralized_ring": (
+        sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False)),
 }
 
 
@@ -53,7 +68,9 @@ def main():
     parser.add_argument("--algorithm", default="gradient_allreduce", choices=sorted(ALGORITHMS))
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    parser.add_argument("--adam-lr", type=float, default=0.002, help="QAdam learning rate")
+    parser.add_argument("--warmup-steps", type=int, default=100, help="QAdam warmup steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", help="write the final metrics as JSON to this file (rank 0)")
     args = parser.parse_args()
@@ -68,8 +85,9 @@ def main():
     x_shard, y_shard = x_train[shard], y_train[shard]
 
     model = MLP()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    model = model.with_bagua([optimizer], ALGORITHMS[args.algorithm](args))
+    make_optimizer, make_algorithm = ALGORITHMS[args.algorithm]
+    optimizer = make_optimizer(model, args)
+    model = model.with_bagua([optimizer], make_algorithm(optimizer, args))
 
     generator = torch.Generator().manual_seed(args.seed + rank)
     steps_per_epoch = len(x_shard) // args.batch_size

@@ -35,7 +35,8 @@ void Communicator::verify_same_call(std::string_view op, const TensorView& tenso
   bool same = true;
   for (int r = 1; r < size(); ++r) {
     for (int f = 0; f < kFields; ++f) {
-      same = same && all[static_cast<std::size_t>(r) * kFields + static_cast<std::size_t>(f)] == all[f];
+      same = same &&
+             all[static_cast<std::size_t>(r) * kFields + static_cast<std::size_t>(f)] == all[f];
     }
   }
   if (same) return;

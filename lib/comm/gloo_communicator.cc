@@ -101,6 +101,10 @@ class GlooCommunicator final : public Communicator {
     auto device = tcp_device(options_);
     run("connect", [&] { context->connectFullMesh(adapter, device); });
     context_ = std::move(context);
+    // connectFullMesh can return on one rank while a peer still completes its
+    // side of their pair; a rank that then finished early and closed the
+    // context would fail the peer's connect. Leave only when all are connected.
+    barrier();
     send_sequence_.assign(static_cast<std::size_t>(size), 0);
     recv_sequence_.assign(static_cast<std::size_t>(size), 0);
     log().debug("gloo communicator '{}' ready: rank {} of {}", options_.prefix, rank, size);

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <mutex>
+
 #include "bagua/core/errors.h"
 
 namespace bagua {
@@ -24,13 +26,19 @@ auto guarded(const char* what, const std::string& key, Fn&& fn) {
 
 class GlooBackedStore final : public Store {
  public:
-  explicit GlooBackedStore(std::unique_ptr<::gloo::rendezvous::Store> inner)
-      : inner_(std::move(inner)) {}
+  // `serialize_updates`: Gloo's FileStore keeps an unguarded list of the
+  // files it wrote, so its set and get must not run concurrently (threads
+  // sharing one FileStore crash otherwise). Its wait only polls files and
+  // stays unlocked so that a waiting thread never blocks another's set.
+  GlooBackedStore(std::unique_ptr<::gloo::rendezvous::Store> inner, bool serialize_updates)
+      : inner_(std::move(inner)), serialize_updates_(serialize_updates) {}
 
   void set(const std::string& key, const std::vector<char>& value) override {
+    const auto lock = maybe_lock();
     guarded("set", key, [&] { inner_->set(key, value); });
   }
   std::vector<char> get(const std::string& key) override {
+    const auto lock = maybe_lock();
     return guarded("get", key, [&] { return inner_->get(key); });
   }
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
@@ -39,7 +47,13 @@ class GlooBackedStore final : public Store {
   }
 
  private:
+  std::unique_lock<std::mutex> maybe_lock() {
+    return serialize_updates_ ? std::unique_lock(mutex_) : std::unique_lock<std::mutex>();
+  }
+
   std::unique_ptr<::gloo::rendezvous::Store> inner_;
+  bool serialize_updates_;
+  std::mutex mutex_;
 };
 
 class PrefixStore final : public Store {
@@ -68,12 +82,13 @@ class PrefixStore final : public Store {
 }  // namespace
 
 std::shared_ptr<Store> make_hash_store() {
-  return std::make_shared<GlooBackedStore>(std::make_unique<::gloo::rendezvous::HashStore>());
+  return std::make_shared<GlooBackedStore>(std::make_unique<::gloo::rendezvous::HashStore>(),
+                                           /*serialize_updates=*/false);
 }
 
 std::shared_ptr<Store> make_file_store(const std::string& directory) {
   return std::make_shared<GlooBackedStore>(
-      std::make_unique<::gloo::rendezvous::FileStore>(directory));
+      std::make_unique<::gloo::rendezvous::FileStore>(directory), /*serialize_updates=*/true);
 }
 
 std::shared_ptr<Store> make_prefix_store(std::string prefix, std::shared_ptr<Store> inner) {

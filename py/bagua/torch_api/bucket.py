@@ -50,35 +50,85 @@ class BaguaBucket:
         else:
             for t, current in zip(self.tensors, currents):
                 t._register(current)
+        self._keep_alive = []  # tensors the ops hold views of
         self.backend_bucket = core.Bucket(
             name, [(t.name, tensor_view(t.bagua_registered_tensor(), f"tensor '{t.name}'"))
                    for t in self.tensors])
 
     def clear_ops(self) -> "BaguaBucket":
         self.backend_bucket.clear_ops()
+        self._keep_alive = []
         return self
 
     def append_centralized_synchronous_op(self, hierarchical: bool = False, average: bool = True,
                                           scattergather: bool = False,
                                           compression: Optional[str] = None,
-                                          group=None) -> "BaguaBucket":
-        """C_FP_S: every rank gets the sum (average=False) or average of the
-        bucket over the group. ``hierarchical`` reduces inside each node first
-        and communicates among node leaders; ``scattergather`` uses
-        reduce-scatter + allgather instead of allreduce."""
+                                          group=None, error_feedback: bool = False) -> "BaguaBucket":
+        """Every rank gets the sum (average=False) or average of the bucket
+        over the group.
+
+        - ``compression=None`` (C_FP_S): full precision; ``scattergather`` uses
+          reduce-scatter + allgather instead of allreduce.
+        - ``compression="MinMaxUInt8"`` (C_LP_S): the paper's compressed
+          scatter-reduce, about a quarter of the bytes for fp32; always in
+          scatter-gather form. ``error_feedback=True`` adds back what
+          compression lost on the previous call (worker and server side).
+        - ``hierarchical``: reduce inside each node first (full precision),
+          communicate among node leaders, broadcast back inside the node.
+        """
         for flag, value in (("hierarchical", hierarchical), ("average", average),
-                            ("scattergather", scattergather)):
+                            ("scattergather", scattergather), ("error_feedback", error_feedback)):
             if not isinstance(value, bool):
                 raise InvalidArgumentError(f"append_centralized_synchronous_op: {flag} must be a bool, got {value!r}")
-        if compression is not None:
-            raise InvalidArgumentError(
-                f"append_centralized_synchronous_op: compression={compression!r} is not available "
-                "in this version; use compression=None")
+        compression = _check_compression(compression, allow_none=True)
+        if error_feedback and compression is None:
+            raise InvalidArgumentError("append_centralized_synchronous_op: error_feedback needs compression")
         group = _group_or_default(group)
         hierarchy = group.get_hierarchical_communicators() if hierarchical else None
-        self.backend_bucket.append_centralized_synchronous_op(
-            group.get_bucket_communicator(), hierarchy, hierarchical, average, scattergather)
+        if compression is None:
+            self.backend_bucket.append_centralized_synchronous_op(
+                group.get_bucket_communicator(), hierarchy, hierarchical, average, scattergather)
+        else:
+            _check_floating(self.dtype, "append_centralized_synchronous_op(compression='MinMaxUInt8')")
+            self.backend_bucket.append_centralized_low_precision_op(
+                group.get_bucket_communicator(), hierarchy, hierarchical, average, error_feedback)
         return self
+
+    def append_low_precision_decentralized_synchronous_op(
+            self, weight, left_peer_weight, right_peer_weight, hierarchical: bool = True,
+            compression: str = "MinMaxUInt8", group=None) -> "BaguaBucket":
+        """D_LP_S: low-precision decentralized averaging with both ring
+        neighbours. ``weight``, ``left_peer_weight`` and ``right_peer_weight``
+        are this rank's copies of its own and its neighbours' weights: flat
+        tensors (or BaguaTensors) of the bucket's size and dtype, equal to
+        the bucket's weights at the start. Run it after the optimizer step."""
+        if not isinstance(hierarchical, bool):
+            raise InvalidArgumentError(f"hierarchical must be a bool, got {hierarchical!r}")
+        if _check_compression(compression, allow_none=False) is None:
+            raise InvalidArgumentError("low precision decentralized needs compression='MinMaxUInt8'")
+        _check_floating(self.dtype, "append_low_precision_decentralized_synchronous_op")
+        copies = []
+        for what, tensor in (("weight", weight), ("left_peer_weight", left_peer_weight),
+                             ("right_peer_weight", right_peer_weight)):
+            if isinstance(tensor, BaguaTensor):
+                tensor = tensor.bagua_getter_closure()
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype != self.dtype or \
+                    tensor.numel() != self.numel():
+                raise InvalidArgumentError(
+                    f"append_low_precision_decentralized_synchronous_op: {what} must be a tensor of "
+                    f"{self.numel()} {self.dtype} elements, got "
+                    f"{getattr(tensor, 'dtype', type(tensor).__name__)}{list(getattr(tensor, 'shape', []))}")
+            copies.append(tensor)
+        group = _group_or_default(group)
+        hierarchy = group.get_hierarchical_communicators() if hierarchical else None
+        views = [tensor_view(t, name) for t, name in zip(copies, ("weight", "left", "right"))]
+        self.backend_bucket.append_low_precision_decentralized_op(
+            group.get_bucket_communicator(), hierarchy, *views, hierarchical)
+        self._keep_alive.extend(copies)
+        return self
+
+    def numel(self) -> int:
+        return sum(t.bagua_registered_tensor().numel() for t in self.tensors)
 
     def append_python_op(self, python_function: Callable[[str], None], group=None) -> "BaguaBucket":
         """Runs ``python_function(bucket_name)`` on the communication thread in
@@ -94,6 +144,21 @@ class BaguaBucket:
 
     def __repr__(self) -> str:
         return f"BaguaBucket({self.name}, {len(self.tensors)} tensors, {self.dtype}, flatten={self.flatten})"
+
+
+def _check_compression(compression, allow_none: bool):
+    if compression is None and allow_none:
+        return None
+    if compression != "MinMaxUInt8":
+        raise InvalidArgumentError(
+            f"unknown compression {compression!r}; supported: 'MinMaxUInt8'"
+            + (" or None" if allow_none else ""))
+    return compression
+
+
+def _check_floating(dtype, what):
+    if not dtype.is_floating_point:
+        raise InvalidArgumentError(f"{what}: MinMaxUInt8 compresses floating point tensors, got {dtype}")
 
 
 def _group_or_default(group):

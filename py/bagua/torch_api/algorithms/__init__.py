@@ -11,6 +11,11 @@ if _os.path.isfile(_os.path.join(_source_dir, "gradient_allreduce.py")) and _sou
     __path__.append(_source_dir)
 
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl  # noqa: E402
-from bagua.torch_api.algorithms import gradient_allreduce  # noqa: E402
+from bagua.torch_api.algorithms import (  # noqa: E402
+    bytegrad,
+    decentralized,
+    gradient_allreduce,
+    q_adam,
+)
 
-__all__ = ["Algorithm", "AlgorithmImpl", "gradient_allreduce"]
+__all__ = ["Algorithm", "AlgorithmImpl", "bytegrad", "decentralized", "gradient_allreduce", "q_adam"]

@@ -1,0 +1,99 @@
+"""Decentralized algorithms: ranks average their weights with peers instead of
+all-reducing gradients.
+
+``LowPrecisionDecentralizedAlgorithm``: after each optimizer step every rank
+exchanges the 8-bit compressed change of its weights with its two ring
+neighbours (D_LP_S) and moves to the average of the three.
+"""
+
+from typing import Dict, List, Tuple
+
+import torch
+
+from bagua.torch_api._core import InvalidArgumentError
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
+
+__all__ = ["LowPrecisionDecentralizedAlgorithm", "LowPrecisionDecentralizedAlgorithmImpl"]
+
+
+def _check_interval(name: str, communication_interval) -> None:
+    if not isinstance(communication_interval, int) or isinstance(communication_interval, bool) \
+            or communication_interval < 1:
+        raise InvalidArgumentError(
+            f"{name}: communication_interval must be an integer >= 1, got {communication_interval!r}")
+
+
+def weight_tensors(bagua_ddp) -> List:
+    """Each trainable parameter's weights (``param.data``) as a BaguaTensor."""
+    tensors = []
+    for name, param in reversed(bagua_ddp.bagua_build_params()):
+        tensors.append(param.ensure_bagua_tensor(
+            name, bagua_ddp.bagua_module_name,
+            getter_closure=lambda p: p.data,
+            setter_closure=lambda p, t: setattr(p, "data", t)))
+    return tensors
+
+
+class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
+    def __init__(self, process_group, hierarchical: bool = True, communication_interval: int = 1):
+        super().__init__(process_group)
+        self.hierarchical = hierarchical
+        self.communication_interval = communication_interval
+        # bucket name -> (weight, left peer weight, right peer weight)
+        self.peer_weights: Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def init_tensors(self, bagua_ddp) -> List:
+        return weight_tensors(bagua_ddp)
+
+    def init_operations(self, bagua_ddp, bucket):
+        bucket.clear_ops()
+        flat = torch.cat([t.bagua_registered_tensor().detach().reshape(-1) for t in bucket.tensors])
+        weight, left, right = flat.clone(), flat.clone(), flat.clone()
+        self.peer_weights[bucket.name] = (weight, left, right)
+        bucket.append_low_precision_decentralized_synchronous_op(
+            weight, left, right, hierarchical=self.hierarchical, compression="MinMaxUInt8",
+            group=self.process_group)
+
+    def _should_communicate(self, bagua_ddp) -> bool:
+        return (bagua_ddp.step_counter - 1) % self.communication_interval == 0
+
+    def init_backward_hook(self, bagua_ddp):
+        def hook(parameter_name, parameter):
+            pass  # weights, not gradients, are communicated
+
+        return hook
+
+    def init_post_backward_hook(self, bagua_ddp):
+        def hook():
+            pass
+
+        return hook
+
+    def init_post_optimizer_step_hook(self, bagua_ddp):
+        def hook(optimizer):
+            if self._should_communicate(bagua_ddp):
+                bagua_ddp.mark_unready_tensors()
+                bagua_ddp.wait_pending_comm_ops()
+
+        return hook
+
+
+class LowPrecisionDecentralizedAlgorithm(Algorithm):
+    def __init__(self, hierarchical: bool = True, communication_interval: int = 1):
+        """
+        Args:
+            hierarchical: average inside each node in full precision first; the
+                ring runs among node leaders.
+            communication_interval: communicate every this many steps (on steps
+                1, 1 + k, 1 + 2k, ...).
+        """
+        if not isinstance(hierarchical, bool):
+            raise InvalidArgumentError(
+                f"LowPrecisionDecentralizedAlgorithm: hierarchical must be True or False, got {hierarchical!r}")
+        _check_interval("LowPrecisionDecentralizedAlgorithm", communication_interval)
+        self.hierarchical = hierarchical
+        self.communication_interval = communication_interval
+
+    def reify(self, process_group) -> LowPrecisionDecentralizedAlgorithmImpl:
+        return LowPrecisionDecentralizedAlgorithmImpl(process_group, self.hierarchical,
+                                                      self.communication_interval)
