@@ -316,6 +316,89 @@ def scenario_python_op_error(out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_qadam(out_dir):
+    """QAdam: warmup equals DDP + torch.optim.Adam; afterwards ranks agree."""
+    from bagua.torch_api.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
+
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    data = batches(rank, steps=12)
+    torch.manual_seed(7)
+    reference = Net()
+    adam = torch.optim.Adam(reference.parameters(), lr=0.01)
+    ddp = torch.nn.parallel.DistributedDataParallel(reference) if bagua.get_world_size() > 1 else reference
+    adam_params = train(ddp, adam, data[:6], set_to_none=False)
+
+    torch.manual_seed(7)
+    model = Net()
+    opt = QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=6)
+    model = model.with_bagua([opt], QAdamAlgorithm(opt, hierarchical=False))
+    warmup_params = train(model, opt, data[:6], set_to_none=True)
+    compressed_params = train(model, opt, data[6:], set_to_none=True)
+    stats = model.bagua_ddp.communication_stats()
+    torch.save({"adam": adam_params, "qadam_warmup": warmup_params, "qadam_after": compressed_params,
+                "ops": [op["name"] for b in stats["buckets"] for op in b["ops"]],
+                "tensors": [t.name for t in model.bagua_ddp.bagua_tensors]},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_bytegrad(out_dir):
+    """ByteGrad through the Python bucket API: gradients averaged within the
+    quantization bound of an exact allreduce, flat and hierarchical."""
+    from bagua.torch_api.algorithms.bytegrad import ByteGradAlgorithm
+
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    x, y = batches(rank, steps=1)[0]
+    results = {}
+    for hierarchical in (False, True):
+        model, opt = fresh_model_and_optimizer("sgd")
+        local = [p.detach().clone() for p in model.parameters()]
+        F.cross_entropy(model(x), y).backward()
+        local_grads = [p.grad.detach().clone() for p in model.parameters()]
+        exact = [g.clone() for g in local_grads]
+        for g in exact:
+            dist.all_reduce(g)
+            g /= bagua.get_world_size()
+        model, opt = fresh_model_and_optimizer("sgd")
+        model = model.with_bagua([opt], ByteGradAlgorithm(hierarchical=hierarchical))
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        results[hierarchical] = {"bagua": [p.grad.detach().clone() for p in model.parameters()],
+                                 "exact": exact, "local": local_grads,
+                                 "bytes": model.bagua_ddp.communication_stats()}
+        del local
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_low_precision_decentralized(out_dir):
+    """Per step: every rank's copies before and after, and its gradient, so
+    the test can check the ring invariant and recompute the update."""
+    from bagua.torch_api.algorithms.decentralized import LowPrecisionDecentralizedAlgorithm
+
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    torch.manual_seed(7)
+    model = Net()
+    lr = 0.1
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    algorithm = LowPrecisionDecentralizedAlgorithm(hierarchical=False)
+    model = model.with_bagua([opt], algorithm)
+    impl = model.bagua_ddp.bagua_algorithm_impl
+    (bucket,) = model.bagua_buckets  # one bucket: the whole model
+    steps = []
+    for x, y in batches(rank, steps=4):
+        before = [t.clone() for t in impl.peer_weights[bucket.name]]
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        grad = torch.cat([t.tensor.grad.reshape(-1) for t in bucket.tensors])
+        opt.step()
+        after = [t.clone() for t in impl.peer_weights[bucket.name]]
+        params = torch.cat([t.tensor.detach().reshape(-1) for t in bucket.tensors])
+        steps.append({"before": before, "grad": grad, "after": after, "params": params})
+    torch.save({"steps": steps, "lr": lr}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])
