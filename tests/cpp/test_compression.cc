@@ -282,3 +282,42 @@ TEST_CASE("D_LP_S keeps every rank's weight equal to its neighbours' copies of i
     }
   }
 }
+
+TEST_CASE("the vectorized fp32 compressor writes the portable loop's bytes") {
+  std::mt19937 rng(99);
+  for (std::int64_t n : {1, 7, 8, 31, 32, 33, 100, 1000, 65537}) {
+    for (float offset : {0.0f, 3.0f, -100.0f, 1e5f}) {
+      for (float magnitude : {1e-3f, 1.0f, 250.0f}) {
+        std::uniform_real_distribution<float> value(-magnitude, magnitude);
+        std::vector<float> x(static_cast<std::size_t>(n));
+        for (auto& v : x) v = offset + value(rng);
+        if (n > 40) x[40] = offset;  // a repeated value
+        std::vector<std::byte> fast(q::compressed_bytes(n)), portable(q::compressed_bytes(n));
+        q::compress_f32(x.data(), n, fast.data());
+        q::compress_f32_portable(x.data(), n, portable.data());
+        CAPTURE(n);
+        CAPTURE(offset);
+        CAPTURE(magnitude);
+        REQUIRE(fast == portable);
+      }
+    }
+  }
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x(77, 1.0f);
+    x[70] = bad;  // in the scalar tail
+    x[3] = 2.0f;
+    std::vector<std::byte> fast(q::compressed_bytes(77)), portable(q::compressed_bytes(77));
+    q::compress_f32(x.data(), 77, fast.data());
+    q::compress_f32_portable(x.data(), 77, portable.data());
+    CHECK(std::memcmp(fast.data() + 8, portable.data() + 8, 77) == 0);
+    float header[2];
+    std::memcpy(header, fast.data(), sizeof(header));
+    CHECK(std::isnan(header[0]));
+    x[70] = 1.0f;
+    x[5] = bad;  // in the vector body
+    q::compress_f32(x.data(), 77, fast.data());
+    std::memcpy(header, fast.data(), sizeof(header));
+    CHECK(std::isnan(header[1]));
+  }
+}

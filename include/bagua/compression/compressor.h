@@ -41,7 +41,9 @@ namespace minmax_uint8 {
 inline void compress_view(const TensorView& chunk, std::byte* out) {
   dispatch_dtype(chunk.dtype, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T> || is_half_type_v<T>) {
+    if constexpr (std::is_same_v<T, float>) {
+      compress_f32(chunk.data_as<float>(), chunk.numel, out);
+    } else if constexpr (std::is_floating_point_v<T> || is_half_type_v<T>) {
       compress<T>(chunk.data_as<T>(), chunk.numel, out);
     } else {
       check_compressible(chunk.dtype, "compress");

@@ -63,13 +63,21 @@ BAGUA_HOST_DEVICE inline Grid make_grid(float min, float max) {
   return grid;
 }
 
+// The code of x on a regular grid (not constant, finite): branch-free so the
+// CPU loops vectorize. Clamping the code (not only the level) keeps it in
+// [0, 255] also when |x| * scale passes 2^24 and upper - lower is no longer
+// exactly 255 in float; the error then grows by float rounding only.
+BAGUA_HOST_DEVICE inline std::uint8_t quantize_regular(float x, float scale, float lower) {
+  float code = rintf(x * scale) - lower;
+  code = code < 0.0f ? 0.0f : code;
+  code = code > 255.0f ? 255.0f : code;
+  // Through int32: a float -> uint8 conversion does not vectorize on x86.
+  return static_cast<std::uint8_t>(static_cast<std::int32_t>(code));
+}
+
 BAGUA_HOST_DEVICE inline std::uint8_t quantize(float x, const Grid& grid) {
   if (grid.constant || grid.non_finite) return 0;
-  // Clamping the code (not only the level) keeps it in [0, 255] also when
-  // |x| * scale passes 2^24 and upper - lower is no longer exactly 255 in
-  // float; the error then grows by float rounding of x * scale only.
-  const float code = rintf(x * grid.scale) - grid.lower;
-  return static_cast<std::uint8_t>(code < 0.0f ? 0.0f : (code > 255.0f ? 255.0f : code));
+  return quantize_regular(x, grid.scale, grid.lower);
 }
 
 BAGUA_HOST_DEVICE inline float dequantize(std::uint8_t q, const Grid& grid) {
@@ -80,30 +88,44 @@ BAGUA_HOST_DEVICE inline float dequantize(std::uint8_t q, const Grid& grid) {
 
 // ---- CPU path ---------------------------------------------------------------
 
+// Writes the header of a chunk with the given statistics and returns its grid.
+inline Grid write_header(float min, float max, bool finite, std::byte* out) {
+  if (!finite) min = max = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(out, &min, sizeof(float));
+  std::memcpy(out + sizeof(float), &max, sizeof(float));
+  return make_grid(min, max);
+}
+
 // Writes the compressed form of x[0, count) to `out` (compressed_bytes(count)).
+// (fp32 goes through the vectorized compress_f32, with the same codes.)
 template <typename T>
 void compress(const T* x, std::int64_t count, std::byte* out) {
   float min = 0.0f;
   float max = 0.0f;
-  bool finite = true;
-  if (count > 0) {
-    min = max = static_cast<float>(load(x[0]));
-    for (std::int64_t i = 0; i < count; ++i) {
-      const float v = static_cast<float>(load(x[i]));
-      finite = finite && std::isfinite(v);
-      min = v < min ? v : min;
-      max = v > max ? v : max;
-    }
-  }
-  if (!finite) min = max = std::numeric_limits<float>::quiet_NaN();
-  std::memcpy(out, &min, sizeof(float));
-  std::memcpy(out + sizeof(float), &max, sizeof(float));
-  const Grid grid = make_grid(min, max);
-  auto* codes = reinterpret_cast<std::uint8_t*>(out + kHeaderBytes);
+  float probe = 0.0f;  // x - x is NaN exactly for NaN and +-Inf
+  if (count > 0) min = max = static_cast<float>(load(x[0]));
   for (std::int64_t i = 0; i < count; ++i) {
-    codes[i] = quantize(static_cast<float>(load(x[i])), grid);
+    const float v = static_cast<float>(load(x[i]));
+    probe += v - v;
+    min = v < min ? v : min;
+    max = v > max ? v : max;
+  }
+  const Grid grid = write_header(min, max, probe == 0.0f, out);
+  auto* codes = reinterpret_cast<std::uint8_t*>(out + kHeaderBytes);
+  if (grid.constant || grid.non_finite) {
+    std::memset(codes, 0, static_cast<std::size_t>(count));
+    return;
+  }
+  for (std::int64_t i = 0; i < count; ++i) {
+    codes[i] = quantize_regular(static_cast<float>(load(x[i])), grid.scale, grid.lower);
   }
 }
+
+// The fp32 CPU path: AVX2 when the CPU has it, else compress<float>; the
+// same codes either way (lib/compression/minmax_uint8_cpu.cc).
+void compress_f32(const float* x, std::int64_t count, std::byte* out);
+// The portable loop alone, for tests comparing the two.
+void compress_f32_portable(const float* x, std::int64_t count, std::byte* out);
 
 inline Grid read_grid(const std::byte* in) {
   float min = 0.0f;
