@@ -1,14 +1,14 @@
-"""Training step time: bagua's GradientAllReduce against PyTorch DDP (Gloo).
+"""Training step time: bagua's algorithms against PyTorch DDP (Gloo).
 
 Same model, same data, same world size, same processes, in one run: each
-worker times DDP and bagua in alternating rounds (so drift in machine load
-hits both) and the median step time of each is compared.
+worker times DDP and every bagua algorithm in alternating rounds (so drift in
+machine load hits all of them) and the median step time of each is compared.
 
     /usr/bin/python3 bench/step_time.py                       # world sizes 2 and 4
-    /usr/bin/python3 bench/step_time.py --world-sizes 2 --steps 30
+    /usr/bin/python3 bench/step_time.py --world-sizes 2 --algorithms gradient_allreduce,bytegrad
 
-Prints a table with the ratio DDP / bagua (> 1: bagua is faster) and writes
-bench/results/step_time.json.
+Prints a table with the ratio DDP / algorithm (> 1: faster than DDP) and
+writes bench/results/step_time.json.
 """
 
 import argparse
@@ -45,7 +45,15 @@ def worker(args):
     import torch.nn.functional as F
 
     import bagua.torch_api as bagua
-    from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+    from bagua.torch_api.algorithms import bytegrad, decentralized, gradient_allreduce
+
+    algorithms = {
+        "gradient_allreduce": lambda: gradient_allreduce.GradientAllReduceAlgorithm(),
+        "bytegrad": lambda: bytegrad.ByteGradAlgorithm(hierarchical=False),
+        "low_precision_decentralized":
+            lambda: decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False),
+    }
+    kinds = ["ddp"] + args.algorithms.split(",")
 
     torch.set_num_threads(1)
     bagua.init_process_group()
@@ -63,7 +71,7 @@ def worker(args):
             if kind == "ddp":
                 model = torch.nn.parallel.DistributedDataParallel(model)
             else:
-                model = model.with_bagua([opt], GradientAllReduceAlgorithm())
+                model = model.with_bagua([opt], algorithms[kind]())
             return model, opt
 
         def time_steps(model, opt, steps):
@@ -77,10 +85,10 @@ def worker(args):
                 times.append(time.perf_counter() - start)
             return times
 
-        runs = {kind: make(kind) for kind in ("ddp", "bagua")}
+        runs = {kind: make(kind) for kind in kinds}
         for kind, (model, opt) in runs.items():
             time_steps(model, opt, args.warmup)  # includes bagua's profiling iteration
-        samples = {"ddp": [], "bagua": []}
+        samples = {kind: [] for kind in kinds}
         for _ in range(args.rounds):
             for kind, (model, opt) in runs.items():
                 bagua.barrier()
@@ -93,9 +101,8 @@ def worker(args):
             summary[kind] = statistics.median(t.tolist())
         params = sum(p.numel() for p in build_model(spec).parameters())
         tensors = len(list(build_model(spec).parameters()))
-        results[model_name] = {"ddp_s": summary["ddp"], "bagua_s": summary["bagua"],
-                               "ratio_ddp_over_bagua": summary["ddp"] / summary["bagua"],
-                               "parameters": params, "tensors": tensors}
+        results[model_name] = {"step_s": summary, "parameters": params, "tensors": tensors,
+                               "ratio_ddp_over": {k: summary["ddp"] / v for k, v in summary.items()}}
     if rank == 0:
         Path(args.out).write_text(json.dumps(results))
 
@@ -115,6 +122,7 @@ def launch(world_size, args, tmp):
                    LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1")
         cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--steps", str(args.steps),
+               "--algorithms", args.algorithms,
                "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--batch", str(args.batch)]
         procs.append(subprocess.Popen(cmd, env=env))
     for p in procs:
@@ -126,6 +134,8 @@ def launch(world_size, args, tmp):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-sizes", default="2,4")
+    parser.add_argument("--algorithms", default="gradient_allreduce,bytegrad",
+                        help="comma-separated: gradient_allreduce, bytegrad, low_precision_decentralized")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=5)
@@ -148,11 +158,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for world in tqdm(sizes, desc="world sizes"):
             report["results"][str(world)] = launch(world, args, Path(tmp))
-    print(f"\n{'model':10} {'world':>5} {'DDP ms':>9} {'bagua ms':>9} {'DDP/bagua':>10}")
+    print(f"\n{'model':10} {'world':>5} {'algorithm':>28} {'step ms':>9} {'DDP/this':>9}")
     for world, models in report["results"].items():
         for name, r in models.items():
-            print(f"{name:10} {world:>5} {r['ddp_s'] * 1e3:9.2f} {r['bagua_s'] * 1e3:9.2f} "
-                  f"{r['ratio_ddp_over_bagua']:10.3f}")
+            for kind, seconds in r["step_s"].items():
+                print(f"{name:10} {world:>5} {kind:>28} {seconds * 1e3:9.2f} "
+                      f"{r['ratio_ddp_over'][kind]:9.3f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
