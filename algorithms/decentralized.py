@@ -1,6 +1,11 @@
 """Decentralized algorithms: ranks average their weights with peers instead of
 all-reducing gradients.
 
+``DecentralizedAlgorithm``: in full precision, with all ranks, one partner
+(shift_one) or both ring neighbours; the exchange starts when forward starts
+and overlaps with forward and backward; the averaged weights are adopted
+after backward, before the optimizer step (D_FP_S).
+
 ``LowPrecisionDecentralizedAlgorithm``: after each optimizer step every rank
 exchanges the 8-bit compressed change of its weights with its two ring
 neighbours (D_LP_S) and moves to the average of the three.
@@ -13,7 +18,8 @@ import torch
 from bagua.torch_api._core import InvalidArgumentError
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
 
-__all__ = ["LowPrecisionDecentralizedAlgorithm", "LowPrecisionDecentralizedAlgorithmImpl"]
+__all__ = ["DecentralizedAlgorithm", "DecentralizedAlgorithmImpl", "LowPrecisionDecentralizedAlgorithm",
+           "LowPrecisionDecentralizedAlgorithmImpl"]
 
 
 def _check_interval(name: str, communication_interval) -> None:
@@ -97,3 +103,85 @@ class LowPrecisionDecentralizedAlgorithm(Algorithm):
     def reify(self, process_group) -> LowPrecisionDecentralizedAlgorithmImpl:
         return LowPrecisionDecentralizedAlgorithmImpl(process_group, self.hierarchical,
                                                       self.communication_interval)
+
+
+class DecentralizedAlgorithmImpl(AlgorithmImpl):
+    def __init__(self, process_group, hierarchical: bool = True, peer_selection_mode: str = "all",
+                 communication_interval: int = 1):
+        super().__init__(process_group)
+        self.hierarchical = hierarchical
+        self.peer_selection_mode = peer_selection_mode
+        self.communication_interval = communication_interval
+        self.ops = {}  # bucket name -> DecentralizedSynchronousOp
+        self.peer_weights = {}  # bucket name -> flat tensor the op averages into
+        self.communicated_steps = []  # steps on which weights were exchanged
+
+    def init_tensors(self, bagua_ddp) -> List:
+        return weight_tensors(bagua_ddp)
+
+    def init_operations(self, bagua_ddp, bucket):
+        bucket.clear_ops()
+        flat = torch.cat([t.bagua_registered_tensor().detach().reshape(-1) for t in bucket.tensors])
+        self.peer_weights[bucket.name] = flat.clone()
+        self.ops[bucket.name] = bucket.append_decentralized_synchronous_op(
+            self.peer_weights[bucket.name], hierarchical=self.hierarchical,
+            peer_selection_mode=self.peer_selection_mode, group=self.process_group)
+
+    def _should_communicate(self, bagua_ddp) -> bool:
+        return (bagua_ddp.step_counter - 1) % self.communication_interval == 0
+
+    def init_forward_pre_hook(self, bagua_ddp):
+        def hook(inputs):
+            # Start the exchange now: it overlaps with forward and backward,
+            # which only read the weights.
+            if self._should_communicate(bagua_ddp):
+                bagua_ddp.mark_unready_tensors()
+
+        return hook
+
+    def init_backward_hook(self, bagua_ddp):
+        def hook(parameter_name, parameter):
+            pass
+
+        return hook
+
+    def init_post_backward_hook(self, bagua_ddp):
+        def hook():
+            if self._should_communicate(bagua_ddp):
+                bagua_ddp.wait_pending_comm_ops()
+                for bucket in bagua_ddp.bagua_buckets:
+                    self.ops[bucket.name].copy_back_peer_weight(bucket)
+                self.communicated_steps.append(bagua_ddp.step_counter)
+
+        return hook
+
+
+class DecentralizedAlgorithm(Algorithm):
+    def __init__(self, hierarchical: bool = True, peer_selection_mode: str = "all",
+                 communication_interval: int = 1):
+        """
+        Args:
+            hierarchical: average inside each node first; the exchange runs
+                among node leaders.
+            peer_selection_mode: "all" (global average), "shift_one" (one
+                partner per step, changing every step; with an odd number of
+                ranks one rank sits each step out) or "ring" (both ring
+                neighbours, weights 1/3).
+            communication_interval: exchange every this many steps (on steps
+                1, 1 + k, 1 + 2k, ...).
+        """
+        if not isinstance(hierarchical, bool):
+            raise InvalidArgumentError(
+                f"DecentralizedAlgorithm: hierarchical must be True or False, got {hierarchical!r}")
+        if peer_selection_mode not in ("all", "shift_one", "ring"):
+            raise InvalidArgumentError(
+                "DecentralizedAlgorithm: peer_selection_mode must be 'all', 'shift_one' or 'ring', "
+                f"got {peer_selection_mode!r}")
+        _check_interval("DecentralizedAlgorithm", communication_interval)
+        self.hierarchical = hierarchical
+        self.peer_selection_mode = peer_selection_mode
+        self.communication_interval = communication_interval
+
+    def reify(self, process_group) -> DecentralizedAlgorithmImpl:
+        return DecentralizedAlgorithmImpl(process_group, self.hierarchical, self.peer_selection_mode,
+                                          self.communication_interval)

@@ -19,7 +19,8 @@ from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 import bagua.torch_api as bagua
-from bagua.torch_api.algorithms import bytegrad, decentralized, gradient_allreduce, q_adam
+from bagua.torch_api.algorithms import (async_model_average, bytegrad, decentralized,
+                                        gradient_allreduce, q_adam)
 
 
 def sgd(model, args):
@@ -37,6 +38,14 @@ ALGORITHMS = {
               lambda opt, args: q_adam.QAdamAlgorithm(opt)),
     "low_precision_decentralized": (
         sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm()),
+    "decentralized": (sgd, lambda opt, args: decentralized.DecentralizedAlgorithm(
+        hierarchical=False, peer_selection_mode="all")),
+    "decentralized_shift_one": (sgd, lambda opt, args: decentralized.DecentralizedAlgorithm(
+        hierarchical=False, peer_selection_mode="shift_one")),
+    "decentralized_ring": (sgd, lambda opt, args: decentralized.DecentralizedAlgorithm(
+        hierarchical=False, peer_selection_mode="ring")),
+    "async_model_average": (sgd, lambda opt, args: async_model_average.AsyncModelAverageAlgorithm(
+        sync_interval_ms=args.sync_interval_ms, warmup_steps=args.warmup_steps)),
     # the ring among all ranks, no intra-node averaging first
     "low_precision_decentralized_ring": (
         sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False)),
@@ -70,7 +79,10 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--adam-lr", type=float, default=0.002, help="QAdam learning rate")
-    parser.add_argument("--warmup-steps", type=int, default=100, help="QAdam warmup steps")
+    parser.add_argument("--warmup-steps", type=int, default=100,
+                        help="QAdam / async model average warmup steps")
+    parser.add_argument("--sync-interval-ms", type=int, default=20,
+                        help="async model average: milliseconds between averaging rounds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", help="write the final metrics as JSON to this file (rank 0)")
     args = parser.parse_args()
@@ -87,7 +99,8 @@ def main():
     model = MLP()
     make_optimizer, make_algorithm = ALGORITHMS[args.algorithm]
     optimizer = make_optimizer(model, args)
-    model = model.with_bagua([optimizer], make_algorithm(optimizer, args))
+    algorithm = make_algorithm(optimizer, args)
+    model = model.with_bagua([optimizer], algorithm)
 
     generator = torch.Generator().manual_seed(args.seed + rank)
     steps_per_epoch = len(x_shard) // args.batch_size
@@ -105,6 +118,8 @@ def main():
             progress.update(1)
         progress.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.4f}")
     progress.close()
+    if hasattr(algorithm, "abort"):  # asynchronous: stop the background averaging on every rank
+        algorithm.abort(model)
     elapsed = time.perf_counter() - start
 
     model.eval()

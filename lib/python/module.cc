@@ -319,6 +319,31 @@ PYBIND11_MODULE(bagua_core, m) {
           },
           py::arg("communicator"), py::arg("hierarchy"), py::arg("weight"), py::arg("left"),
           py::arg("right"), py::arg("hierarchical"))
+      .def(
+          "append_decentralized_synchronous_op",
+          [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
+             const TensorView& peer_weight, bool hierarchical, const std::string& mode) {
+            auto op = std::make_shared<DecentralizedSynchronousOp>(
+                std::move(global), std::move(hierarchy), peer_weight, b.numel(), b.dtype(),
+                DecentralizedSynchronousOptions{.hierarchical = hierarchical,
+                                                .peer_selection = parse_peer_selection(mode)});
+            b.append_op(op);
+            return op;
+          },
+          py::arg("communicator"), py::arg("hierarchy"), py::arg("peer_weight"),
+          py::arg("hierarchical"), py::arg("peer_selection_mode"))
+      .def(
+          "append_asynchronous_model_average_op",
+          [](Bucket& b, CommPtr dedicated, const std::string& mode, std::int64_t sync_interval_ms) {
+            auto op = std::make_shared<AsyncModelAverageOp>(
+                std::move(dedicated), b,
+                AsyncModelAverageOptions{
+                    .peer_selection = parse_peer_selection(mode),
+                    .sync_interval = std::chrono::milliseconds(sync_interval_ms)});
+            b.append_op(op);
+            return op;
+          },
+          py::arg("communicator"), py::arg("peer_selection_mode"), py::arg("sync_interval_ms"))
       .def_property_readonly("op_bytes_sent",
                              [](const Bucket& b) {
                                std::vector<std::int64_t> bytes;
@@ -336,6 +361,26 @@ PYBIND11_MODULE(bagua_core, m) {
             for (const auto& op : b.ops()) op->execute(b);
           },
           release);
+
+  py::class_<CommOp, std::shared_ptr<CommOp>>(m, "CommOp")
+      .def_property_readonly("name", [](const CommOp& op) { return std::string(op.name()); })
+      .def_property_readonly("bytes_sent", &CommOp::bytes_sent);
+  py::class_<DecentralizedSynchronousOp, CommOp, std::shared_ptr<DecentralizedSynchronousOp>>(
+      m, "DecentralizedSynchronousOp")
+      .def("copy_back_peer_weight", &DecentralizedSynchronousOp::copy_back_peer_weight, release)
+      .def_property_readonly("communication_step", &DecentralizedSynchronousOp::communication_step);
+  py::class_<AsyncModelAverageOp, CommOp, std::shared_ptr<AsyncModelAverageOp>>(
+      m, "AsyncModelAverageOp")
+      .def("lock_weight", &AsyncModelAverageOp::lock_weight, release)
+      .def("unlock_weight", &AsyncModelAverageOp::unlock_weight, release)
+      .def("abort", &AsyncModelAverageOp::abort, release)
+      .def("resume", &AsyncModelAverageOp::resume, release)
+      .def("reset", &AsyncModelAverageOp::reset, release)
+      .def("get_status",
+           [](const AsyncModelAverageOp& op) { return std::string(to_string(op.status())); })
+      .def("rethrow_failure", &AsyncModelAverageOp::rethrow_failure)
+      .def_property_readonly("completed_rounds", &AsyncModelAverageOp::completed_rounds);
+  m.def("shift_one_peer", &shift_one_peer, py::arg("rank"), py::arg("size"), py::arg("step"));
 
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
       .def(py::init([](int rank, double timeout_s) {

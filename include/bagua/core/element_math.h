@@ -52,4 +52,14 @@ BAGUA_HOST_DEVICE inline T divide_one(T value, std::int64_t divisor) {
   }
 }
 
+// The asynchronous model average update of one element:
+// w + sum / n - snapshot, where `snapshot` is w when the round started and
+// `sum` the sum of all ranks' snapshots (training's progress since the
+// snapshot is kept).
+template <typename T>
+BAGUA_HOST_DEVICE inline T async_average_update(T w, T sum, T snapshot, std::int64_t n) {
+  using C = compute_type_t<T>;
+  return store<T>(static_cast<C>(load(w) + load(sum) / static_cast<C>(n) - load(snapshot)));
+}
+
 }  // namespace bagua

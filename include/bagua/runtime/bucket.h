@@ -63,11 +63,11 @@ class Bucket {
     return true;
   }
 
-  void append_op(std::unique_ptr<CommOp> op) {
+  void append_op(std::shared_ptr<CommOp> op) {
     BAGUA_CHECK_ARG(op != nullptr, "bucket '{}': cannot append a null op", name_);
     ops_.push_back(std::move(op));
   }
-  const std::vector<std::unique_ptr<CommOp>>& ops() const { return ops_; }
+  const std::vector<std::shared_ptr<CommOp>>& ops() const { return ops_; }
   void clear_ops() { ops_.clear(); }
 
   // Runs fn(TensorView) on all of the bucket's elements as one contiguous
@@ -99,7 +99,7 @@ class Bucket {
   std::string name_;
   std::vector<BucketTensor> tensors_;
   std::int64_t numel_ = 0;
-  std::vector<std::unique_ptr<CommOp>> ops_;
+  std::vector<std::shared_ptr<CommOp>> ops_;
   std::vector<std::byte> staging_;
 };
 

@@ -127,6 +127,48 @@ class BaguaBucket:
         self._keep_alive.extend(copies)
         return self
 
+    def append_decentralized_synchronous_op(self, peer_weight, hierarchical: bool = True,
+                                            peer_selection_mode: str = "all", group=None):
+        """D_FP_S: averages this bucket (weights) with the peers of
+        ``peer_selection_mode`` ("all", "shift_one", "ring") into
+        ``peer_weight`` (a flat tensor of the bucket's size and dtype), leaving
+        the bucket untouched; returns the op, whose
+        ``copy_back_peer_weight(bucket)`` writes the average into the bucket."""
+        if not isinstance(hierarchical, bool):
+            raise InvalidArgumentError(f"hierarchical must be a bool, got {hierarchical!r}")
+        _check_peer_selection(peer_selection_mode, ("all", "shift_one", "ring"))
+        if isinstance(peer_weight, BaguaTensor):
+            peer_weight = peer_weight.bagua_getter_closure()
+        self._check_copy("peer_weight", peer_weight)
+        group = _group_or_default(group)
+        hierarchy = group.get_hierarchical_communicators() if hierarchical else None
+        op = self.backend_bucket.append_decentralized_synchronous_op(
+            group.get_bucket_communicator(), hierarchy, tensor_view(peer_weight, "peer_weight"),
+            hierarchical, peer_selection_mode)
+        self._keep_alive.append(peer_weight)
+        return DecentralizedSynchronousOp(op)
+
+    def append_asynchronous_model_average_op(self, peer_selection_mode: str = "all", group=None,
+                                             sync_interval_ms: int = 500):
+        """Asynchronous model average of this bucket (weights) over the group,
+        in a background thread every ``sync_interval_ms``; returns the op
+        (``lock_weight``, ``unlock_weight``, ``abort``, ``resume``, ``reset``,
+        ``get_status``). The background rounds start when the op first runs."""
+        _check_peer_selection(peer_selection_mode, ("all",))
+        if not isinstance(sync_interval_ms, int) or isinstance(sync_interval_ms, bool) or sync_interval_ms < 0:
+            raise InvalidArgumentError(f"sync_interval_ms must be an integer >= 0, got {sync_interval_ms!r}")
+        group = _group_or_default(group)
+        op = self.backend_bucket.append_asynchronous_model_average_op(
+            group.new_dedicated_communicator(), peer_selection_mode, sync_interval_ms)
+        return op
+
+    def _check_copy(self, what, tensor):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != self.dtype or \
+                tensor.numel() != self.numel() or tensor.device != self.device:
+            raise InvalidArgumentError(
+                f"{what} must be a tensor of {self.numel()} {self.dtype} elements on {self.device}, got "
+                f"{getattr(tensor, 'dtype', type(tensor).__name__)}{list(getattr(tensor, 'shape', []))}")
+
     def numel(self) -> int:
         return sum(t.bagua_registered_tensor().numel() for t in self.tensors)
 
@@ -144,6 +186,27 @@ class BaguaBucket:
 
     def __repr__(self) -> str:
         return f"BaguaBucket({self.name}, {len(self.tensors)} tensors, {self.dtype}, flatten={self.flatten})"
+
+
+class DecentralizedSynchronousOp:
+    """Handle of a D_FP_S op (see append_decentralized_synchronous_op)."""
+
+    def __init__(self, op):
+        self._op = op
+
+    def copy_back_peer_weight(self, bucket: "BaguaBucket") -> None:
+        """Writes the average computed by the last execution into ``bucket``."""
+        self._op.copy_back_peer_weight(bucket.backend_bucket)
+
+    @property
+    def communication_step(self) -> int:
+        return self._op.communication_step
+
+
+def _check_peer_selection(mode, allowed):
+    if mode not in allowed:
+        raise InvalidArgumentError(
+            f"peer_selection_mode must be one of {', '.join(repr(a) for a in allowed)}, got {mode!r}")
 
 
 def _check_compression(compression, allow_none: bool):

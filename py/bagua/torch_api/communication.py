@@ -104,6 +104,12 @@ class BaguaProcessGroup:
                 self._bucket_communicator = self._communicator.new_group(list(range(self.get_size())))
             return self._bucket_communicator
 
+    def new_dedicated_communicator(self):
+        """A new communicator over the group, for an op that communicates on a
+        thread of its own. Collective."""
+        with self._lock:
+            return self._communicator.new_group(list(range(self.get_size())))
+
     def get_hierarchical_communicators(self):
         """The intra-node / inter-node pair over the bucket communicator, nodes
         taken from LOCAL_WORLD_SIZE (consecutive global ranks form a node)."""

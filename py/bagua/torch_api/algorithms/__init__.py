@@ -12,10 +12,11 @@ if _os.path.isfile(_os.path.join(_source_dir, "gradient_allreduce.py")) and _sou
 
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl  # noqa: E402
 from bagua.torch_api.algorithms import (  # noqa: E402
+    async_model_average,
     bytegrad,
     decentralized,
     gradient_allreduce,
     q_adam,
 )
 
-__all__ = ["Algorithm", "AlgorithmImpl", "bytegrad", "decentralized", "gradient_allreduce", "q_adam"]
+__all__ = ["Algorithm", "AlgorithmImpl", "async_model_average", "bytegrad", "decentralized", "gradient_allreduce", "q_adam"]

@@ -1,0 +1,151 @@
+"""Asynchronous model average: every rank trains at its own pace while a
+background thread averages the weights of all ranks every
+``sync_interval_ms``. A slow rank no longer stalls the others.
+
+For the first ``warmup_steps`` steps it is GradientAllReduce (synchronous),
+then the weights are averaged asynchronously. ``abort(model)`` stops the
+background averaging on every rank (agreed at the next round, so ranks that
+ran different numbers of steps stop cleanly; training goes on locally) and
+``resume(model)`` (called by every rank) starts it again.
+"""
+
+from typing import List
+
+from bagua.torch_api._core import InvalidArgumentError
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
+from bagua.torch_api.algorithms.decentralized import weight_tensors
+
+__all__ = ["AsyncModelAverageAlgorithm", "AsyncModelAverageAlgorithmImpl"]
+
+
+class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
+    def __init__(self, process_group, peer_selection_mode: str = "all", sync_interval_ms: int = 500,
+                 warmup_steps: int = 0):
+        super().__init__(process_group)
+        self.peer_selection_mode = peer_selection_mode
+        self.sync_interval_ms = sync_interval_ms
+        self.warmup_steps = warmup_steps
+        self.asynchronous = warmup_steps == 0
+        self.ops = []
+        self.steps_done = 0
+        self._started = False
+        self._locked = False
+
+    def need_reset(self) -> bool:
+        # Checked before each forward, after `steps_done` forwards.
+        if not self.asynchronous and self.steps_done >= self.warmup_steps:
+            self.asynchronous = True
+            return True
+        return False
+
+    def init_tensors(self, bagua_ddp) -> List:
+        if self.asynchronous:
+            return weight_tensors(bagua_ddp)
+        return super().init_tensors(bagua_ddp)
+
+    def init_operations(self, bagua_ddp, bucket):
+        bucket.clear_ops()
+        if self.asynchronous:
+            self.ops.append(bucket.append_asynchronous_model_average_op(
+                peer_selection_mode=self.peer_selection_mode, group=self.process_group,
+                sync_interval_ms=self.sync_interval_ms))
+        else:
+            bucket.append_centralized_synchronous_op(hierarchical=False, average=True,
+                                                     group=self.process_group)
+
+    def init_forward_pre_hook(self, bagua_ddp):
+        def hook(inputs):
+            if not self.asynchronous:
+                return
+            if not self._started:
+                # The backend runs each async op once: that starts its rounds.
+                bagua_ddp.mark_unready_tensors()
+                bagua_ddp.wait_pending_comm_ops()
+                self._started = True
+            for op in self.ops:
+                op.rethrow_failure()
+            self.lock(bagua_ddp)
+
+        return hook
+
+    def init_backward_hook(self, bagua_ddp):
+        if self.asynchronous:
+            def hook(parameter_name, parameter):
+                pass
+
+            return hook
+        return super().init_backward_hook(bagua_ddp)
+
+    def init_post_backward_hook(self, bagua_ddp):
+        if self.asynchronous:
+            def hook():
+                pass
+
+            return hook
+        return super().init_post_backward_hook(bagua_ddp)
+
+    def init_post_optimizer_step_hook(self, bagua_ddp):
+        def hook(optimizer):
+            self.steps_done = bagua_ddp.step_counter
+            self.unlock(bagua_ddp)
+
+        return hook
+
+    def lock(self, bagua_ddp) -> None:
+        if not self._locked:
+            for op in self.ops:
+                op.lock_weight()
+            self._locked = True
+
+    def unlock(self, bagua_ddp) -> None:
+        if self._locked:
+            for op in reversed(self.ops):
+                op.unlock_weight()
+            self._locked = False
+
+    def abort(self, bagua_ddp) -> None:
+        self.unlock(bagua_ddp)
+        for op in self.ops:
+            op.abort()
+
+    def resume(self, bagua_ddp) -> None:
+        for op in self.ops:
+            op.resume()
+
+    def status(self) -> List[str]:
+        return [op.get_status() for op in self.ops]
+
+
+class AsyncModelAverageAlgorithm(Algorithm):
+    def __init__(self, peer_selection_mode: str = "all", sync_interval_ms: int = 500,
+                 warmup_steps: int = 0):
+        """
+        Args:
+            peer_selection_mode: "all" (the only mode: average over all ranks).
+            sync_interval_ms: milliseconds between two background averaging rounds.
+            warmup_steps: synchronous GradientAllReduce steps before going asynchronous.
+        """
+        if peer_selection_mode != "all":
+            raise InvalidArgumentError(
+                f"AsyncModelAverageAlgorithm: peer_selection_mode must be 'all', got {peer_selection_mode!r}")
+        for name, value in (("sync_interval_ms", sync_interval_ms), ("warmup_steps", warmup_steps)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgumentError(
+                    f"AsyncModelAverageAlgorithm: {name} must be an integer >= 0, got {value!r}")
+        self.peer_selection_mode = peer_selection_mode
+        self.sync_interval_ms = sync_interval_ms
+        self.warmup_steps = warmup_steps
+        self._impls = {}
+
+    def reify(self, process_group) -> AsyncModelAverageAlgorithmImpl:
+        return AsyncModelAverageAlgorithmImpl(process_group, self.peer_selection_mode,
+                                              self.sync_interval_ms, self.warmup_steps)
+
+    def abort(self, bagua_module) -> None:
+        """Stops the background averaging on every rank (collective in effect:
+        the ranks agree at their next round). Training goes on locally."""
+        bagua_module.bagua_ddp.bagua_algorithm_impl.abort(bagua_module.bagua_ddp)
+
+    def resume(self, bagua_module) -> None:
+        """Starts the background averaging again; every rank calls it."""
+        bagua_module.bagua_ddp.bagua_algorithm_impl.resume(bagua_module.bagua_ddp)

@@ -1,0 +1,115 @@
+// Asynchronous model average: ranks average their weights in the background
+// while training goes on, so a slow rank never stalls the others.
+//
+// A background thread runs rounds, every sync_interval:
+//   1. agree: allreduce(max) of "someone asked to abort"; if so, every rank
+//      stops after the same round (ranks with different step counts included);
+//   2. snapshot the weights (under the weight lock);
+//   3. allreduce(sum) the snapshot into a temporary (no lock held);
+//   4. under the weight lock: w += sum / n - snapshot (progress made by the
+//      optimizer since the snapshot is kept, nothing is lost).
+// The weight lock: training holds it while it reads or writes the weights
+// (`lock_weight` before forward, `unlock_weight` after the optimizer step).
+// Whoever holds the lock performs pending snapshot/update work first: the
+// training thread in lock_weight, or the background thread itself when the
+// lock is free. So updates land at step boundaries and never starve.
+//
+// Threading: lock_weight/unlock_weight from the training thread;
+// abort/resume/reset/status from any thread. Lock order: weight lock, then
+// the state lock. Every wait is bounded by the communicator's timeout.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/ops/comm_op.h"
+#include "bagua/ops/peer_selection.h"
+#include "bagua/runtime/bucket.h"
+
+namespace bagua {
+
+struct AsyncModelAverageOptions {
+  PeerSelection peer_selection = PeerSelection::kAll;
+  std::chrono::milliseconds sync_interval{500};
+};
+
+enum class AsyncStatus : std::uint8_t { kIdle, kRunning, kStopped, kFailed };
+
+constexpr std::string_view to_string(AsyncStatus status) {
+  switch (status) {
+    case AsyncStatus::kIdle: return "idle";
+    case AsyncStatus::kRunning: return "running";
+    case AsyncStatus::kStopped: return "stopped";
+    case AsyncStatus::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+class AsyncModelAverageOp final : public CommOp {
+ public:
+  // `comm` must be this op's own communicator: the background rounds must not
+  // interleave with any other collective.
+  AsyncModelAverageOp(std::shared_ptr<Communicator> comm, const Bucket& bucket,
+                      AsyncModelAverageOptions options);
+  ~AsyncModelAverageOp() override;
+
+  std::string_view name() const override { return "asynchronous_model_average"; }
+  // Starts the background rounds if they are idle (not after abort: see resume).
+  void execute(Bucket& bucket) override;
+
+  void lock_weight();
+  void unlock_weight();
+  // Asks every rank to stop (agreed at the next round) and waits until this
+  // rank's background thread has finished its last round.
+  void abort();
+  // Collective: starts the rounds again after abort.
+  void resume();
+  // Stops the rounds if running and clears a failure; the next execute starts
+  // afresh.
+  void reset();
+  AsyncStatus status() const;
+  std::int64_t completed_rounds() const;
+  // The failure of the background thread, if it failed (rethrown).
+  void rethrow_failure() const;
+
+ private:
+  void start_locked();
+  void stop_and_join();
+  void loop(const std::stop_token& stop);
+  // Snapshot / update work requested by the background thread; the caller
+  // holds the weight lock.
+  void service_locked();
+  // Waits until `done()` holds, doing the work itself when the weight lock
+  // is free.
+  template <typename Done>
+  void await_service(const std::stop_token& stop, Done&& done);
+
+  std::shared_ptr<Communicator> comm_;
+  std::vector<TensorView> weights_;
+  std::int64_t numel_ = 0;
+  DType dtype_;
+  AsyncModelAverageOptions options_;
+
+  std::mutex weight_mutex_;
+  mutable std::mutex state_mutex_;
+  std::condition_variable_any state_changed_;
+  bool abort_requested_ = false;
+  bool want_snapshot_ = false;
+  bool delta_ready_ = false;
+  AsyncStatus status_ = AsyncStatus::kIdle;
+  std::exception_ptr failure_;
+  std::int64_t rounds_ = 0;
+
+  std::vector<std::byte> snapshot_;
+  std::vector<std::byte> sum_;
+  std::jthread thread_;
+};
+
+}  // namespace bagua

@@ -1,0 +1,136 @@
+// D_FP_S: decentralized, full precision, synchronous.
+//
+// Each execution averages this rank's weights x (the bucket) with its peers'
+// into a separate buffer, `peer_weight`, leaving x untouched: the exchange
+// runs while forward and backward still read x. `copy_back_peer_weight`
+// then writes the average into x (after backward, before the optimizer step).
+//   all:       peer_weight = mean over all ranks of x
+//   shift_one: peer_weight = (x + x_peer) / 2, partner per peer_selection.h
+//              (a rank without partner this step keeps x)
+//   ring:      peer_weight = (x + x_left + x_right) / 3; with two ranks the
+//              two neighbours are one rank: (x + x_other) / 2
+// Hierarchical: x is first averaged inside the node in full precision, the
+// leaders exchange among themselves, and the result is broadcast in the node.
+// The communication step counts executions, so all ranks agree on it.
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/core/elementwise.h"
+#include "bagua/ops/comm_op.h"
+#include "bagua/ops/peer_selection.h"
+#include "bagua/runtime/bucket.h"
+
+namespace bagua {
+
+struct DecentralizedSynchronousOptions {
+  bool hierarchical = true;
+  PeerSelection peer_selection = PeerSelection::kAll;
+};
+
+class DecentralizedSynchronousOp final : public CommOp {
+ public:
+  DecentralizedSynchronousOp(std::shared_ptr<Communicator> global,
+                             std::shared_ptr<HierarchicalComms> hierarchy, TensorView peer_weight,
+                             std::int64_t bucket_numel, DType bucket_dtype,
+                             DecentralizedSynchronousOptions options)
+      : global_(std::move(global)),
+        hierarchy_(std::move(hierarchy)),
+        peer_weight_(peer_weight),
+        options_(options) {
+    BAGUA_CHECK_ARG(global_ != nullptr, "D_FP_S: no communicator");
+    BAGUA_CHECK_ARG(!options_.hierarchical || hierarchy_ != nullptr,
+                    "D_FP_S: hierarchical mode needs the intra/inter-node communicators");
+    BAGUA_CHECK_ARG(is_floating_point(bucket_dtype),
+                    "D_FP_S averages floating point weights, got {}", to_string(bucket_dtype));
+    BAGUA_CHECK_ARG(peer_weight_.numel == bucket_numel && peer_weight_.dtype == bucket_dtype,
+                    "D_FP_S: peer_weight must match the bucket ({}[{}]), got {}",
+                    to_string(bucket_dtype), bucket_numel, peer_weight_.describe());
+  }
+
+  std::string_view name() const override { return "decentralized_synchronous"; }
+
+  void execute(Bucket& bucket) override {
+    const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
+                                  hierarchy_ ? hierarchy_->inter.get() : nullptr});
+    bucket.with_flat_view([&](const TensorView& x) {
+      std::memcpy(peer_weight_.data, x.data, x.nbytes());
+      if (!options_.hierarchical) {
+        average_with_peers(*global_, peer_weight_);
+      } else {
+        auto& intra = *hierarchy_->intra;
+        intra.allreduce(peer_weight_, peer_weight_, ReduceOp::kAvg);
+        if (hierarchy_->is_leader()) average_with_peers(*hierarchy_->inter, peer_weight_);
+        intra.broadcast(peer_weight_, 0);
+      }
+    });
+    ++step_;
+  }
+
+  // x = peer_weight: adopts the average computed by the last execution.
+  void copy_back_peer_weight(Bucket& bucket) {
+    bucket.with_flat_view(
+        [&](const TensorView& x) { std::memcpy(x.data, peer_weight_.data, x.nbytes()); });
+  }
+
+  std::int64_t communication_step() const { return step_; }
+
+ private:
+  // w = average of w with the peers of this step, on `comm`'s ranks.
+  void average_with_peers(Communicator& comm, const TensorView& w) {
+    const int n = comm.size();
+    const int rank = comm.rank();
+    if (n == 1) return;
+    switch (options_.peer_selection) {
+      case PeerSelection::kAll: comm.allreduce(w, w, ReduceOp::kAvg); return;
+      case PeerSelection::kShiftOne: {
+        const int peer = shift_one_peer(rank, n, step_);
+        if (peer < 0) return;  // sits this step out
+        received_.resize(w.nbytes());
+        const TensorView theirs{received_.data(), w.numel, w.dtype, w.device};
+        const PeerMessage sends[] = {{w, peer}};
+        const PeerMessage receives[] = {{theirs, peer}};
+        comm.send_recv(sends, receives);
+        reduce_into(ReduceOp::kSum, w, w, theirs);
+        divide_inplace(w, 2);
+        return;
+      }
+      case PeerSelection::kRing: {
+        const int left = (rank + n - 1) % n;
+        const int right = (rank + 1) % n;
+        if (left == right) {  // two ranks: one neighbour
+          received_.resize(w.nbytes());
+          const TensorView theirs{received_.data(), w.numel, w.dtype, w.device};
+          const PeerMessage sends[] = {{w, left}};
+          const PeerMessage receives[] = {{theirs, left}};
+          comm.send_recv(sends, receives);
+          reduce_into(ReduceOp::kSum, w, w, theirs);
+          divide_inplace(w, 2);
+          return;
+        }
+        received_.resize(2 * w.nbytes());
+        const TensorView from_left{received_.data(), w.numel, w.dtype, w.device};
+        const TensorView from_right{received_.data() + w.nbytes(), w.numel, w.dtype, w.device};
+        const PeerMessage sends[] = {{w, left}, {w, right}};
+        const PeerMessage receives[] = {{from_left, left}, {from_right, right}};
+        comm.send_recv(sends, receives);
+        reduce_into(ReduceOp::kSum, w, w, from_left);
+        reduce_into(ReduceOp::kSum, w, w, from_right);
+        divide_inplace(w, 3);
+        return;
+      }
+    }
+  }
+
+  std::shared_ptr<Communicator> global_;
+  std::shared_ptr<HierarchicalComms> hierarchy_;
+  TensorView peer_weight_;
+  DecentralizedSynchronousOptions options_;
+  std::int64_t step_ = 0;
+  std::vector<std::byte> received_;
+};
+
+}  // namespace bagua
