@@ -399,6 +399,134 @@ def scenario_low_precision_decentralized(out_dir):
     torch.save({"steps": steps, "lr": lr}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_decentralized(out_dir, mode, interval="1"):
+    """Per step: the weights before forward, the gradient, the weights after
+    the optimizer step, for a pure-Python reference of D_FP_S."""
+    from bagua.torch_api.algorithms.decentralized import DecentralizedAlgorithm
+
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    torch.manual_seed(7 + rank)  # different starting weights: averaging is visible
+    model = Net()
+    lr = 0.1
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    model = model.with_bagua([opt], DecentralizedAlgorithm(
+        hierarchical=False, peer_selection_mode=mode, communication_interval=int(interval)))
+    # wrapping broadcast rank 0's weights; make them differ again per rank
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * (rank + 1) * torch.ones_like(p))
+    steps = []
+    for x, y in batches(rank, steps=5):
+        before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        grad = torch.cat([p.grad.reshape(-1).clone() for p in model.parameters()])
+        opt.step()
+        after = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+        steps.append({"before": before, "grad": grad, "after": after})
+    impl = model.bagua_ddp.bagua_algorithm_impl
+    torch.save({"steps": steps, "lr": lr, "communicated": impl.communicated_steps},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_async_straggler(out_dir):
+    """Step rate of the fast ranks without and with a straggler (rank 3
+    sleeping every step), and how far apart the models are."""
+    import time
+
+    from bagua.torch_api.algorithms.async_model_average import AsyncModelAverageAlgorithm
+
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    torch.manual_seed(7)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    algorithm = AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=3)
+    model = model.with_bagua([opt], algorithm)
+    data = batches(rank, steps=40)
+    results = {"params_init": torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])}
+
+    def run(steps, straggle):
+        start = time.perf_counter()
+        for x, y in data[:steps]:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            time.sleep(0.01)  # the rest of a training step (data loading...)
+            if straggle:
+                time.sleep(0.05)
+        return steps / (time.perf_counter() - start)
+
+    run(5, False)  # warmup (synchronous) and the switch to asynchronous
+    results["rate_unslowed"] = run(30, False)
+    bagua.barrier()
+    results["rate_straggler"] = run(30, rank == 3)
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = torch.zeros(params.numel() * bagua.get_world_size())
+    algorithm.abort(model)
+    # The same training without any communication, for comparison.
+    local = Net()
+    with torch.no_grad():
+        offset = 0
+        for p in local.parameters():
+            p.copy_(results["params_init"][offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.05)
+    train(local, local_opt, data[:5] + data[:30] + data[:30], set_to_none=False)
+    local_params = torch.cat([p.detach().reshape(-1) for p in local.parameters()])
+    bagua.allgather(local_params.contiguous(), everyone)
+    results["params_local"] = everyone.view(bagua.get_world_size(), -1).clone()
+    bagua.allgather(params.contiguous(), everyone)
+    results["params_trained"] = everyone.view(bagua.get_world_size(), -1).clone()
+    # Idle ranks converge: resume, wait a few rounds without training.
+    algorithm.resume(model)
+    time.sleep(0.3)
+    algorithm.abort(model)
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    bagua.allgather(params.contiguous(), everyone)
+    results["params_idle"] = everyone.view(bagua.get_world_size(), -1).clone()
+    results["status"] = model.bagua_ddp.bagua_algorithm_impl.status()
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_async_abort_resume(out_dir):
+    """50 abort/resume cycles, each rank training a different number of
+    steps in each cycle."""
+    import time
+
+    from bagua.torch_api.algorithms.async_model_average import AsyncModelAverageAlgorithm
+
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    torch.manual_seed(7)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    algorithm = AsyncModelAverageAlgorithm(sync_interval_ms=5)
+    model = model.with_bagua([opt], algorithm)
+    x, y = batches(rank, steps=1)[0]
+    start = time.perf_counter()
+    steps = 0
+    for cycle in range(50):
+        for _ in range((cycle + rank) % 4 + 1):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+        algorithm.abort(model)
+        # training after abort keeps working locally
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        steps += 1
+        algorithm.resume(model)
+    algorithm.abort(model)
+    impl = model.bagua_ddp.bagua_algorithm_impl
+    torch.save({"seconds": time.perf_counter() - start, "steps": steps, "status": impl.status(),
+                "rounds": [op.completed_rounds for op in impl.ops]},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

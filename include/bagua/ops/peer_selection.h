@@ -6,9 +6,10 @@
 //     rank <  h: peer = ((s + rank) mod h) + h
 //     rank >= h: peer = (rank - h - s) mod h        (Euclidean mod)
 //   which pairs every rank with a partner that names it back. For odd n the
-//   same formula runs over n + 1 ranks with a virtual last rank; whoever is
-//   paired with it sits the step out (keeps its own weights). Over n steps
-//   (odd n) each rank sits out exactly once.
+//   same formula runs over n + 1 ranks with a virtual last rank; the rank
+//   paired with it sits the step out (keeps its own weights). That rank is
+//   one of the lower (n + 1) / 2 ranks, each in turn: every step all other
+//   ranks average in pairs.
 // - kRing: both ring neighbours (rank - 1 and rank + 1 mod n).
 #pragma once
 

@@ -1,0 +1,162 @@
+// Decentralized primitives: shift_one pairing, one D_FP_S step of each mode
+// against a reference computed here, and the asynchronous model average's
+// rounds, abort agreement and resume.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <thread>
+
+#include "bagua/ops/asynchronous_model_average.h"
+#include "bagua/ops/decentralized_synchronous.h"
+#include "rank_threads.h"
+
+using namespace bagua;
+
+namespace {
+
+std::shared_ptr<Communicator> all_ranks(Communicator& comm) {
+  std::vector<int> ranks(static_cast<std::size_t>(comm.size()));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return comm.new_group(ranks);
+}
+
+TensorView view_of(std::vector<double>& v) {
+  return TensorView{v.data(), static_cast<std::int64_t>(v.size()), DType::kFloat64, {}};
+}
+
+double weight_of(int rank, int i) { return rank * 10.0 + i; }
+
+}  // namespace
+
+TEST_CASE("shift_one pairs follow the formula, are symmetric, and change every step") {
+  for (int n = 1; n <= 8; ++n) {
+    for (std::int64_t step = 0; step < 12; ++step) {
+      int sitting_out = 0;
+      for (int rank = 0; rank < n; ++rank) {
+        const int peer = shift_one_peer(rank, n, step);
+        if (n % 2 == 0) {
+          const int h = n / 2;
+          const int expected = rank < h ? static_cast<int>((step + rank) % h) + h
+                                        : static_cast<int>((((rank - h - step) % h) + h) % h);
+          CHECK(peer == expected);
+        }
+        if (peer < 0) {
+          ++sitting_out;
+          continue;
+        }
+        CHECK(peer != rank);
+        CHECK(shift_one_peer(peer, n, step) == rank);  // the partner names us back
+      }
+      CHECK(sitting_out == n % 2);  // odd sizes: exactly one rank rests per step
+    }
+    if (n % 2 == 0 && n >= 4) {  // partners change from one step to the next
+      CHECK(shift_one_peer(0, n, 0) != shift_one_peer(0, n, 1));
+    }
+  }
+}
+
+TEST_CASE("one D_FP_S step of every mode equals the reference average") {
+  for (int world = 1; world <= 5; ++world) {
+    for (auto mode : {PeerSelection::kAll, PeerSelection::kShiftOne, PeerSelection::kRing}) {
+      CAPTURE(world);
+      CAPTURE(to_string(mode));
+      testing::run_ranks(world, [&](Communicator& comm) {
+        auto bucket_comm = all_ranks(comm);
+        const int rank = comm.rank();
+        const int n = 7;
+        std::vector<double> x(n), peer_weight(n);
+        for (int i = 0; i < n; ++i) x[static_cast<std::size_t>(i)] = weight_of(rank, i);
+        Bucket bucket("w", {{"x", view_of(x)}});
+        auto op = std::make_shared<DecentralizedSynchronousOp>(
+            bucket_comm, nullptr, view_of(peer_weight), n, DType::kFloat64,
+            DecentralizedSynchronousOptions{.hierarchical = false, .peer_selection = mode});
+        for (std::int64_t step = 0; step < 3; ++step) {
+          op->execute(bucket);
+          for (int i = 0; i < n; ++i) CHECK(x[static_cast<std::size_t>(i)] == weight_of(rank, i));
+          for (int i = 0; i < n; ++i) {
+            double expected = weight_of(rank, i);
+            if (mode == PeerSelection::kAll) {
+              expected = 0;
+              for (int r = 0; r < world; ++r) expected += weight_of(r, i);
+              expected /= world;
+            } else if (mode == PeerSelection::kShiftOne) {
+              const int peer = shift_one_peer(rank, world, step);
+              if (peer >= 0) expected = (weight_of(rank, i) + weight_of(peer, i)) / 2;
+            } else if (world == 2) {
+              expected = (weight_of(0, i) + weight_of(1, i)) / 2;
+            } else if (world > 2) {
+              expected = (weight_of(rank, i) + weight_of((rank + world - 1) % world, i) +
+                          weight_of((rank + 1) % world, i)) /
+                         3;
+            }
+            REQUIRE(std::abs(peer_weight[static_cast<std::size_t>(i)] - expected) < 1e-12);
+          }
+          CHECK(op->communication_step() == step + 1);
+        }
+        op->copy_back_peer_weight(bucket);
+        CHECK(x == peer_weight);
+      });
+    }
+  }
+}
+
+TEST_CASE("asynchronous model average: idle ranks converge to the mean; abort agrees; resume") {
+  const int world = 4;
+  testing::run_ranks(world, [&](Communicator& comm) {
+    auto dedicated = all_ranks(comm);
+    const int rank = comm.rank();
+    std::vector<double> w(5, static_cast<double>(rank));
+    Bucket bucket("w", {{"w", view_of(w)}});
+    auto op = std::make_shared<AsyncModelAverageOp>(
+        dedicated, bucket,
+        AsyncModelAverageOptions{.peer_selection = PeerSelection::kAll,
+                                 .sync_interval = std::chrono::milliseconds(5)});
+    CHECK(op->status() == AsyncStatus::kIdle);
+    op->execute(bucket);
+    CHECK(op->status() == AsyncStatus::kRunning);
+    // Nobody trains: the background thread takes the free lock itself.
+    while (op->completed_rounds() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    op->lock_weight();
+    for (double v : w) CHECK(v == doctest::Approx(1.5));  // (0 + 1 + 2 + 3) / 4
+    op->unlock_weight();
+
+    // Uneven abort/resume cycles: only rank 0 asks to abort; all stop.
+    for (int cycle = 0; cycle < 10; ++cycle) {
+      for (int step = 0; step < (rank + cycle) % 3 + 1; ++step) {
+        op->lock_weight();
+        for (auto& v : w) v += 0.001;  // training progress
+        op->unlock_weight();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (rank == 0) op->abort();
+      while (op->status() == AsyncStatus::kRunning) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      CHECK(op->status() == AsyncStatus::kStopped);
+      op->abort();  // already stopped: returns at once
+      op->resume();
+    }
+    op->abort();
+    CHECK(op->status() == AsyncStatus::kStopped);
+    op->rethrow_failure();
+  });
+}
+
+TEST_CASE("asynchronous model average rejects unsupported modes and dtypes") {
+  testing::run_ranks(1, [&](Communicator& comm) {
+    auto dedicated = all_ranks(comm);
+    std::vector<double> w(3);
+    Bucket bucket("w", {{"w", view_of(w)}});
+    CHECK_THROWS_AS(AsyncModelAverageOp(dedicated, bucket,
+                                        AsyncModelAverageOptions{.peer_selection = PeerSelection::kRing,
+                                                                 .sync_interval = std::chrono::milliseconds(5)}),
+                    InvalidArgument);
+    std::vector<std::int32_t> ints(3);
+    Bucket int_bucket("i", {{"i", TensorView{ints.data(), 3, DType::kInt32, {}}}});
+    CHECK_THROWS_AS(AsyncModelAverageOp(dedicated, int_bucket, AsyncModelAverageOptions{}),
+                    InvalidArgument);
+    CHECK_THROWS_AS(parse_peer_selection("star"), InvalidArgument);
+  });
+}
