@@ -13,14 +13,13 @@ writes bench/results/step_time.json.
 
 import argparse
 import json
-import os
-import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import launch, machine  # noqa: E402
 
 MODELS = {
     # a few large tensors: 3 x 1024-wide layers, 2.2 M parameters
@@ -107,30 +106,6 @@ def worker(args):
         Path(args.out).write_text(json.dumps(results))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(world_size, args, tmp):
-    out = tmp / f"world{world_size}.json"
-    port = free_port()
-    procs = []
-    for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
-        cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--steps", str(args.steps),
-               "--algorithms", args.algorithms,
-               "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--batch", str(args.batch)]
-        procs.append(subprocess.Popen(cmd, env=env))
-    for p in procs:
-        if p.wait(timeout=1800) != 0:
-            raise SystemExit(f"benchmark worker failed on world size {world_size}")
-    return json.loads(out.read_text())
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-sizes", default="2,4")
@@ -151,13 +126,15 @@ def main():
     from tqdm import tqdm
 
     sizes = [int(s) for s in args.world_sizes.split(",")]
-    report = {"machine": {"host": platform.node(), "cpu_count": os.cpu_count(),
-                          "processor": platform.processor() or platform.machine()},
+    report = {"machine": machine(),
               "config": {"steps": args.steps, "rounds": args.rounds, "batch_per_rank": args.batch},
               "results": {}}
+    worker_args = ["--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+                   "--batch", str(args.batch), "--algorithms", args.algorithms]
     with tempfile.TemporaryDirectory() as tmp:
         for world in tqdm(sizes, desc="world sizes"):
-            report["results"][str(world)] = launch(world, args, Path(tmp))
+            report["results"][str(world)] = launch(__file__, world, Path(tmp) / f"world{world}.json",
+                                                   worker_args)
     print(f"\n{'model':10} {'world':>5} {'algorithm':>28} {'step ms':>9} {'DDP/this':>9}")
     for world, models in report["results"].items():
         for name, r in models.items():

@@ -38,6 +38,7 @@ def test_digits_gradient_allreduce_reaches_95_percent(gradient_allreduce_metrics
 
 @pytest.mark.parametrize("algorithm", [
     "bytegrad", "qadam", "low_precision_decentralized", "low_precision_decentralized_ring",
+    "decentralized", "decentralized_shift_one", "decentralized_ring", "async_model_average",
 ])
 def test_algorithm_converges_like_gradient_allreduce(algorithm, gradient_allreduce_metrics, tmp_path):
     metrics = run_example(tmp_path, algorithm)

@@ -1,0 +1,43 @@
+"""Helpers shared by the benchmark scripts: start N local worker processes
+as torchrun would, and describe the machine."""
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(script: str, world_size: int, out: Path, worker_args) -> dict:
+    """Runs `script --worker --out OUT worker_args...` on `world_size` ranks;
+    returns the JSON rank 0 wrote to OUT."""
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
+        cmd = [sys.executable, script, "--worker", "--out", str(out), *worker_args]
+        procs.append(subprocess.Popen(cmd, env=env))
+    for p in procs:
+        if p.wait(timeout=1800) != 0:
+            raise SystemExit(f"benchmark worker failed on world size {world_size}")
+    return json.loads(out.read_text())
+
+
+def machine() -> dict:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"host": platform.node(), "cpu_count": os.cpu_count(), "cpu": model}

@@ -1,0 +1,115 @@
+"""One straggler: epoch time of GradientAllReduce, Decentralized and
+AsyncModelAverage side by side (the Bagua paper's straggler experiment, on
+CPU).
+
+4 processes train the same MLP on their shards of the same data; rank 3 sleeps
+--delay-ms after each of its steps, as a slow worker would. Every rank also
+spends --work-ms per step outside the model (data loading). For each
+algorithm, in one run and the same processes, each rank's time for one epoch
+(its shard, --steps steps) is measured; the table shows the fast ranks'
+median and the slowest rank's time.
+
+    /usr/bin/python3 bench/straggler.py [--delay-ms 40 --steps 60]
+
+Writes bench/results/straggler.json.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import launch, machine  # noqa: E402
+
+ALGORITHMS = ["gradient_allreduce", "decentralized_ring", "decentralized_shift_one", "async_model_average"]
+
+
+def worker(args):
+    import torch
+    import torch.nn.functional as F
+
+    import bagua.torch_api as bagua
+    from bagua.torch_api.algorithms import async_model_average, decentralized, gradient_allreduce
+
+    torch.set_num_threads(1)
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    make = {
+        "gradient_allreduce": lambda: gradient_allreduce.GradientAllReduceAlgorithm(),
+        "decentralized_ring": lambda: decentralized.DecentralizedAlgorithm(
+            hierarchical=False, peer_selection_mode="ring"),
+        "decentralized_shift_one": lambda: decentralized.DecentralizedAlgorithm(
+            hierarchical=False, peer_selection_mode="shift_one"),
+        "async_model_average": lambda: async_model_average.AsyncModelAverageAlgorithm(
+            sync_interval_ms=50),
+    }
+    g = torch.Generator().manual_seed(rank)
+    data = [(torch.randn(32, 256, generator=g), torch.randint(0, 10, (32,), generator=g))
+            for _ in range(args.steps)]
+    results = {}
+    for name in ALGORITHMS:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                    torch.nn.ReLU(), torch.nn.Linear(512, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        algorithm = make[name]()
+        model = model.with_bagua([opt], algorithm)
+        bagua.barrier()
+        start = time.perf_counter()
+        for x, y in data:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            time.sleep(args.work_ms / 1000)
+            if rank == world - 1:
+                time.sleep(args.delay_ms / 1000)
+        seconds = time.perf_counter() - start
+        if hasattr(algorithm, "abort"):
+            algorithm.abort(model)
+        times = torch.zeros(world, dtype=torch.float64)
+        times[rank] = seconds
+        bagua.allreduce_inplace(times)
+        results[name] = times.tolist()
+        model.without_bagua()
+        bagua.barrier()
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(results))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=60, help="steps per epoch per rank")
+    parser.add_argument("--delay-ms", type=float, default=40.0, help="the straggler's extra time per step")
+    parser.add_argument("--work-ms", type=float, default=5.0, help="per-step time outside the model")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "straggler.json"))
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+
+    import tempfile
+
+    worker_args = ["--steps", str(args.steps), "--delay-ms", str(args.delay_ms), "--work-ms", str(args.work_ms)]
+    with tempfile.TemporaryDirectory() as tmp:
+        times = launch(__file__, args.world_size, Path(tmp) / "straggler.json", worker_args)
+    print(f"epoch of {args.steps} steps per rank, rank {args.world_size - 1} {args.delay_ms:.0f} ms slower per step")
+    print(f"{'algorithm':>26} {'fast ranks s':>13} {'straggler s':>12} {'GA / this (fast)':>17}")
+    baseline = statistics.median(times["gradient_allreduce"][:-1])
+    rows = {}
+    for name, per_rank in times.items():
+        fast = statistics.median(per_rank[:-1])
+        rows[name] = {"fast_ranks_s": fast, "straggler_s": per_rank[-1], "per_rank_s": per_rank,
+                      "speedup_fast_ranks_vs_gradient_allreduce": baseline / fast}
+        print(f"{name:>26} {fast:13.2f} {per_rank[-1]:12.2f} {baseline / fast:17.2f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": machine(), "config": vars(args), "results": rows},
+                                         indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
