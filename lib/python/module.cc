@@ -382,14 +382,29 @@ PYBIND11_MODULE(bagua_core, m) {
       .def_property_readonly("completed_rounds", &AsyncModelAverageOp::completed_rounds);
   m.def("shift_one_peer", &shift_one_peer, py::arg("rank"), py::arg("size"), py::arg("step"));
 
+  py::class_<Timeline, std::shared_ptr<Timeline>>(m, "Timeline")
+      .def(py::init<int>(), py::arg("rank"))
+      .def("now_us", &Timeline::now_us)
+      .def("instant", [](Timeline& t, const std::string& name, const std::string& category) {
+        t.instant(name, category, Timeline::kTrainingLane);
+      })
+      .def("span",
+           [](Timeline& t, const std::string& name, const std::string& category,
+              std::int64_t start_us, std::int64_t end_us) {
+             t.span(name, category, Timeline::kTrainingLane, start_us, end_us);
+           })
+      .def("to_json", &Timeline::to_json)
+      .def("__len__", &Timeline::size);
+
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
-      .def(py::init([](int rank, double timeout_s) {
+      .def(py::init([](int rank, double timeout_s, std::shared_ptr<Timeline> timeline) {
              // Destroy with the GIL released: the communication thread may
              // need it to finish a python op before it can be joined.
              return std::shared_ptr<Backend>(
                  new Backend(BackendOptions{.rank = rank,
                                             .timeout = std::chrono::milliseconds(
-                                                static_cast<std::int64_t>(timeout_s * 1000))}),
+                                                static_cast<std::int64_t>(timeout_s * 1000)),
+                                            .timeline = std::move(timeline)}),
                  [](Backend* backend) {
                    if (PyGILState_Check()) {
                      py::gil_scoped_release nogil;
@@ -399,7 +414,7 @@ PYBIND11_MODULE(bagua_core, m) {
                    }
                  });
            }),
-           py::arg("rank"), py::arg("timeout_s") = 0.0)
+           py::arg("rank"), py::arg("timeout_s") = 0.0, py::arg("timeline") = nullptr)
       .def("register_ordered_buckets", &Backend::register_ordered_buckets)
       .def("mark_communication_ready", &Backend::mark_communication_ready)
       .def("mark_remaining_ready", &Backend::mark_remaining_ready)

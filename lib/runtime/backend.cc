@@ -69,6 +69,10 @@ void Backend::mark_locked(const std::string& tensor_name, std::unique_lock<std::
   tensor_ready_[b][t] = true;
   ready_count_[b] += 1;
   ready_order_.push_back(tensor_name);
+  if (options_.timeline) {
+    options_.timeline->instant("ready " + tensor_name, "tensor_ready", Timeline::kTrainingLane,
+                               {{"bucket", buckets_[b]->name()}});
+  }
   schedule_ready_buckets_locked();
   if (!queue_.empty()) {
     lock.unlock();
@@ -200,8 +204,18 @@ void Backend::communication_loop(const std::stop_token& stop) {
       }
       try {
         const auto start = std::chrono::steady_clock::now();
+        const std::int64_t start_us = options_.timeline ? options_.timeline->now_us() : 0;
+        const std::int64_t bytes_before = op->bytes_sent();
         op->execute(*bucket);
         const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+        if (options_.timeline) {
+          options_.timeline->span(std::string(op->name()), "comm_op",
+                                  Timeline::kCommunicationLane, start_us,
+                                  options_.timeline->now_us(),
+                                  {{"bucket", bucket->name()},
+                                   {"bytes_sent", op->bytes_sent() - bytes_before},
+                                   {"bucket_bytes", bucket->nbytes()}});
+        }
         std::lock_guard guard(mutex_);
         auto& stats = op_stats_[index];
         if (stats.size() < bucket->ops().size()) stats.resize(bucket->ops().size());

@@ -527,6 +527,68 @@ def scenario_async_abort_resume(out_dir):
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_autotune(out_dir):
+    """GradientAllReduce with autotuning: every trial's plan on every rank,
+    and the parameters next to DDP's after the same steps."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    data = batches(rank, steps=16)
+    model, opt = fresh_model_and_optimizer("sgd")
+    ddp_params = train(torch.nn.parallel.DistributedDataParallel(model), opt, data, set_to_none=False)
+    model, opt = fresh_model_and_optimizer("sgd")
+    model = model.with_bagua([opt], GradientAllReduceAlgorithm(), autotune=True)
+    layouts = []
+    for x, y in data:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        layouts.append([[t.name for t in b.tensors] for b in model.bagua_buckets])
+    tuner = model.bagua_ddp.autotuner
+    torch.save({"ddp": ddp_params, "bagua": [p.detach().clone() for p in model.parameters()],
+                "layouts": layouts, "trials": tuner.trials, "frozen": tuner.frozen,
+                "best": tuner.best}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_saved_plan(out_dir):
+    """A run that loads BAGUA_AUTOTUNE_PLAN starts with the saved bucket size."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    model, opt = fresh_model_and_optimizer("sgd")
+    model = model.with_bagua([opt], GradientAllReduceAlgorithm())
+    torch.save({"bucket_bytes": model.bagua_ddp.bucket_bytes,
+                "layout": [[t.name for t in b.tensors] for b in model.bagua_buckets]},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_timeline(out_dir):
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    model, opt = fresh_model_and_optimizer("sgd")
+    model = model.with_bagua([opt], GradientAllReduceAlgorithm())
+    train(model, opt, batches(rank, steps=3), set_to_none=False)
+    from bagua.torch_api import timeline
+
+    path = timeline.write()
+    torch.save({"path": str(path)}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_switches(out_dir):
+    """Every combination of overlap / flatten / hierarchical equals DDP."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    data = batches(rank, steps=6)
+    model, opt = fresh_model_and_optimizer("sgd")
+    results = {"ddp": train(torch.nn.parallel.DistributedDataParallel(model), opt, data, set_to_none=False)}
+    for overlap in (True, False):
+        for flatten in (True, False):
+            for hierarchical in (True, False):
+                model, opt = fresh_model_and_optimizer("sgd")
+                model = model.with_bagua([opt], GradientAllReduceAlgorithm(hierarchical=hierarchical),
+                                         do_flatten=flatten, overlap=overlap)
+                results[(overlap, flatten, hierarchical)] = train(model, opt, data, set_to_none=False)
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

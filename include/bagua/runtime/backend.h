@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bagua/runtime/bucket.h"
+#include "bagua/runtime/timeline.h"
 
 namespace bagua {
 
@@ -41,6 +42,8 @@ struct BackendOptions {
   int rank = 0;
   // Zero means BAGUA_COMM_TIMEOUT_S.
   std::chrono::milliseconds timeout{0};
+  // Records readiness and ops when set (BAGUA_TIMELINE); null: nothing.
+  std::shared_ptr<Timeline> timeline;
 };
 
 class Backend {

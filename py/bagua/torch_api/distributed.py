@@ -16,6 +16,7 @@ now also a :class:`BaguaModule`. What happens, in order:
 """
 
 import itertools
+import os
 import weakref
 from typing import Dict, List, Optional
 
@@ -29,6 +30,8 @@ from bagua.torch_api.communication import (
     broadcast,
     is_initialized,
 )
+from bagua.torch_api import autotune as autotune_module
+from bagua.torch_api import timeline
 from bagua.torch_api.tensor import BaguaTensor
 
 _module_ids = itertools.count()
@@ -37,7 +40,8 @@ _module_ids = itertools.count()
 class BaguaDistributedDataParallel:
     """The engine behind a wrapped module (``model.bagua_ddp``)."""
 
-    def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group, do_flatten: bool):
+    def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group, do_flatten: bool,
+                 overlap: bool = True, autotune: Optional[bool] = None):
         from bagua.torch_api.algorithms import Algorithm
 
         if not isinstance(algorithm, Algorithm):
@@ -48,8 +52,13 @@ class BaguaDistributedDataParallel:
         if not isinstance(optimizers, (list, tuple)) or not all(
                 isinstance(o, torch.optim.Optimizer) for o in optimizers):
             raise InvalidArgumentError("with_bagua: optimizers must be a list of torch.optim.Optimizer")
-        if not isinstance(do_flatten, bool):
-            raise InvalidArgumentError(f"with_bagua: do_flatten must be a bool, got {do_flatten!r}")
+        for name, value in (("do_flatten", do_flatten), ("overlap", overlap)):
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(f"with_bagua: {name} must be a bool, got {value!r}")
+        if autotune is not None and not isinstance(autotune, bool):
+            raise InvalidArgumentError(f"with_bagua: autotune must be a bool or None, got {autotune!r}")
+        self.overlap = overlap
+        self._deferred_grads = []
         self.module = module
         self.optimizers = list(optimizers)
         self.bagua_algorithm = algorithm
@@ -62,7 +71,10 @@ class BaguaDistributedDataParallel:
 
         self._broadcast_states()
         self.bagua_algorithm_impl = algorithm.reify(self.process_group)
-        self._bagua_backend = core.Backend(self.process_group.get_rank(), env.get_comm_timeout_s())
+        self._timeline = timeline.get(self.process_group.get_rank())
+        self._bagua_backend = core.Backend(self.process_group.get_rank(), env.get_comm_timeout_s(),
+                                           self._timeline)
+        self._phase_start = {}
         self.bagua_buckets = []
         self.bagua_tensors: List[BaguaTensor] = []
         self._tensors_by_name: Dict[str, BaguaTensor] = {}
@@ -73,7 +85,17 @@ class BaguaDistributedDataParallel:
         self._handles = []
         self._wrapped_steps = []
         self.step_counter = 0
-        self._reset_algorithm_buckets()
+        self.autotuner = None
+        initial_order = None
+        plan_path = os.environ.get("BAGUA_AUTOTUNE_PLAN")
+        if plan_path:
+            plan = autotune_module.load_plan(plan_path)
+            self.bucket_bytes = plan["bucket_bytes"]
+            initial_order = plan.get("order")
+            self._profiled = True  # the saved plan carries the order
+        elif autotune_module.enabled(autotune):
+            self.autotuner = autotune_module.Autotuner(self, self.bucket_bytes)
+        self._reset_algorithm_buckets(initial_order)
         self._install_hooks()
 
     # -- parameters and state ---------------------------------------------
@@ -172,6 +194,13 @@ class BaguaDistributedDataParallel:
                 ddp._on_forward(inputs)
 
         self._handles.append(self.module.register_forward_pre_hook(forward_pre_hook))
+        if self._timeline is not None:
+            def forward_hook(module, inputs, output):
+                ddp = self_ref()
+                if ddp is not None:
+                    ddp._end_phase("forward")
+
+            self._handles.append(self.module.register_forward_hook(forward_hook))
         self._grad_accumulators = []
         for name, param in self.bagua_build_params():
             self._register_grad_hook(name, param, self_ref)
@@ -199,10 +228,13 @@ class BaguaDistributedDataParallel:
         original = optimizer.step
 
         def step(*args, **kwargs):
-            result = original(*args, **kwargs)
             ddp = self_ref()
             if ddp is not None:
+                ddp._begin_phase("optimizer_step")
+            result = original(*args, **kwargs)
+            if ddp is not None:
                 ddp._post_step_hook(optimizer)
+                ddp._end_phase("optimizer_step")
             return result
 
         optimizer.step = step
@@ -220,18 +252,42 @@ class BaguaDistributedDataParallel:
         elif self._pending_order is not None:
             order, self._pending_order = self._pending_order, None
             self._reset_algorithm_buckets(order)
+        if self.autotuner is not None:
+            proposal = self.autotuner.step_begin(self.step_counter + 1)
+            if proposal is not None:
+                if proposal != self.bucket_bytes:
+                    self.bucket_bytes = proposal
+                    self._reset_algorithm_buckets([t.name for b in self.bagua_buckets for t in b.tensors])
+                self.autotuner.window_starts(self.step_counter + 1)
         self.step_counter += 1
+        self._begin_phase("forward")
         self._forward_hook(inputs)
+
+    def _begin_phase(self, phase: str) -> None:
+        if self._timeline is not None:
+            self._phase_start[phase] = self._timeline.now_us()
+
+    def _end_phase(self, phase: str) -> None:
+        if self._timeline is not None and phase in self._phase_start:
+            self._timeline.span(phase, "phase", self._phase_start.pop(phase), self._timeline.now_us())
 
     def _on_grad_ready(self, name, param) -> None:
         if not self._callback_queued:
+            self._begin_phase("backward")
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
-        self._backward_hook(name, param)
+        if self.overlap:
+            self._backward_hook(name, param)
+        else:  # communicate after backward: replay the hooks in ready order then
+            self._deferred_grads.append((name, param))
 
     def _on_backward_end(self) -> None:
         self._callback_queued = False
+        deferred, self._deferred_grads = self._deferred_grads, []
+        for name, param in deferred:
+            self._backward_hook(name, param)
         self._post_backward_hook()
+        self._end_phase("backward")
         if not self._profiled:
             self._profiled = True
             self._adopt_profiled_order()
@@ -297,7 +353,15 @@ class BaguaModule:
     module can be wrapped again.
     """
 
-    def with_bagua(self, optimizers, algorithm, process_group=None, do_flatten: bool = True):
+    def with_bagua(self, optimizers, algorithm, process_group=None, do_flatten: bool = True, *,
+                   overlap: bool = True, autotune: Optional[bool] = None):
+        """Wraps this module for distributed training with ``algorithm``.
+
+        ``do_flatten``: buckets in one contiguous buffer each (fusion).
+        ``overlap``: communicate while backward runs (True) or after it.
+        ``autotune``: tune the bucket size during training (default:
+        BAGUA_AUTOTUNE). See docs/execution_optimizer.md.
+        """
         if not is_initialized():
             raise RuntimeError(
                 "with_bagua needs bagua's process group: call bagua.torch_api.init_process_group() first")
@@ -305,7 +369,8 @@ class BaguaModule:
             raise RuntimeError(
                 f"this {type(self).__name__} is already wrapped with_bagua; call "
                 "module.without_bagua() before wrapping it again")
-        ddp = BaguaDistributedDataParallel(self, optimizers, algorithm, process_group, do_flatten)
+        ddp = BaguaDistributedDataParallel(self, optimizers, algorithm, process_group, do_flatten,
+                                           overlap=overlap, autotune=autotune)
         self.bagua_ddp = ddp
         original_class = type(self)
         self.__class__ = _bagua_class(original_class)

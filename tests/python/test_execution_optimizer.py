@@ -1,0 +1,66 @@
+"""The execution optimizer: autotuned bucketing, the overlap / flatten /
+hierarchy switches, and the timeline."""
+
+import json
+
+import torch
+
+from launcher import run_workers
+
+
+def test_autotune_ranks_agree_on_every_trial_and_results_equal_ddp(tmp_path):
+    output = tmp_path / "plan.json"
+    env = {"BAGUA_AUTOTUNE_WARMUP_STEPS": "2", "BAGUA_AUTOTUNE_WINDOW_STEPS": "2",
+           "BAGUA_AUTOTUNE_MAX_TRIALS": "4", "BAGUA_AUTOTUNE_OUTPUT": str(output),
+           "BAGUA_DEFAULT_BUCKET_SIZE": "1000"}
+    results = run_workers("autotune", 3, tmp_path / "run", extra_env=env)
+    for rank, r in enumerate(results):
+        assert r["layouts"] == results[0]["layouts"], "every rank runs the same buckets at every step"
+        assert [t["bucket_bytes"] for t in r["trials"]] == [t["bucket_bytes"] for t in results[0]["trials"]]
+        assert r["frozen"] and len(r["trials"]) == 4
+        assert r["trials"][0]["bucket_bytes"] == 1000  # the default is trial 0
+        for ours, theirs in zip(r["bagua"], r["ddp"]):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    layouts = results[0]["layouts"]
+    assert len({json.dumps(layout) for layout in layouts}) > 1, "re-bucketing happened"
+    report = json.loads(output.read_text())
+    assert report["best"]["bucket_bytes"] == results[0]["best"]["bucket_bytes"]
+    assert report["best"]["steps_per_second"] == max(t["steps_per_second"] for t in report["trials"])
+
+    # A later run starts with the saved plan.
+    loaded = run_workers("saved_plan", 3, tmp_path / "load", extra_env={"BAGUA_AUTOTUNE_PLAN": str(output)})
+    for r in loaded:
+        assert r["bucket_bytes"] == report["best"]["bucket_bytes"]
+        assert [name for bucket in r["layout"] for name in bucket] == report["best"]["order"]
+
+
+def test_every_switch_combination_still_equals_ddp(tmp_path):
+    results = run_workers("switches", 4, tmp_path, local_size=2, extra_env={"BAGUA_DEFAULT_BUCKET_SIZE": "2000"})
+    for r in results:
+        for key, params in r.items():
+            if key == "ddp":
+                continue
+            for ours, theirs in zip(params, r["ddp"]):
+                torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6, msg=str(key))
+
+
+def test_timeline_is_valid_chrome_trace_with_the_expected_events(tmp_path):
+    directory = tmp_path / "timeline"
+    results = run_workers("timeline", 2, tmp_path / "run", extra_env={"BAGUA_TIMELINE": str(directory)})
+    paths = [r["path"] for r in results]
+    for rank, path in enumerate(paths):
+        trace = json.loads(open(path).read())
+        events = trace["traceEvents"]
+        names = {e["name"] for e in events}
+        assert {"forward", "backward", "optimizer_step"} <= names
+        ops = [e for e in events if e.get("cat") == "comm_op"]
+        assert ops and all(e["ph"] == "X" and e["dur"] >= 0 and "bucket" in e["args"] for e in ops)
+        assert all(e["args"]["bytes_sent"] > 0 for e in ops if e["name"] == "centralized_synchronous")
+        ready = [e for e in events if e.get("cat") == "tensor_ready"]
+        assert len(ready) == 3 * 6  # 6 parameters, 3 steps
+        assert all(e["pid"] == rank for e in events)
+    from bagua.torch_api import timeline
+
+    merged = timeline.merge([directory / "rank0.json", directory / "rank1.json"], tmp_path / "merged.json")
+    assert {e["pid"] for e in merged["traceEvents"]} == {0, 1}
+    json.loads((tmp_path / "merged.json").read_text())
