@@ -39,6 +39,13 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
         return False
 
     def init_tensors(self, bagua_ddp) -> List:
+        # Re-bucketing: the running ops stop on every rank (all ranks re-bucket
+        # at the same step, and abort agrees at the next round); new ones start.
+        self.unlock(bagua_ddp)
+        for op in self.ops:
+            op.abort()
+        self.ops = []
+        self._started = False
         if self.asynchronous:
             return weight_tensors(bagua_ddp)
         return super().init_tensors(bagua_ddp)

@@ -49,12 +49,29 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
         self.peer_weights: Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def init_tensors(self, bagua_ddp) -> List:
+        # Re-bucketing (autotune, profiling): keep each tensor's copies of its
+        # own and its neighbours' weights, they are state of the algorithm.
+        self._saved_copies = {}
+        for bucket in bagua_ddp.bagua_buckets:
+            copies = self.peer_weights.get(bucket.name)
+            if copies is None:
+                continue
+            offset = 0
+            for tensor in bucket.tensors:
+                n = tensor.bagua_registered_tensor().numel()
+                self._saved_copies[tensor.name] = tuple(c[offset:offset + n].clone() for c in copies)
+                offset += n
+        self.peer_weights = {}
         return weight_tensors(bagua_ddp)
 
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
-        flat = torch.cat([t.bagua_registered_tensor().detach().reshape(-1) for t in bucket.tensors])
-        weight, left, right = flat.clone(), flat.clone(), flat.clone()
+        saved = getattr(self, "_saved_copies", {})
+        if all(t.name in saved for t in bucket.tensors):
+            weight, left, right = (torch.cat([saved[t.name][i] for t in bucket.tensors]) for i in range(3))
+        else:
+            flat = torch.cat([t.bagua_registered_tensor().detach().reshape(-1) for t in bucket.tensors])
+            weight, left, right = flat.clone(), flat.clone(), flat.clone()
         self.peer_weights[bucket.name] = (weight, left, right)
         bucket.append_low_precision_decentralized_synchronous_op(
             weight, left, right, hierarchical=self.hierarchical, compression="MinMaxUInt8",

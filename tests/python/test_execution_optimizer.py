@@ -3,6 +3,8 @@ hierarchy switches, and the timeline."""
 
 import json
 
+import pytest
+
 import torch
 
 from launcher import run_workers
@@ -32,6 +34,30 @@ def test_autotune_ranks_agree_on_every_trial_and_results_equal_ddp(tmp_path):
     for r in loaded:
         assert r["bucket_bytes"] == report["best"]["bucket_bytes"]
         assert [name for bucket in r["layout"] for name in bucket] == report["best"]["order"]
+
+
+@pytest.mark.parametrize("algorithm", ["low_precision_decentralized", "decentralized", "async_model_average"])
+def test_autotune_replans_algorithms_that_communicate_weights(algorithm, tmp_path):
+    env = {"BAGUA_AUTOTUNE_WARMUP_STEPS": "2", "BAGUA_AUTOTUNE_WINDOW_STEPS": "2",
+           "BAGUA_AUTOTUNE_MAX_TRIALS": "4", "BAGUA_AUTOTUNE_OUTPUT": str(tmp_path / "plan.json"),
+           "BAGUA_DEFAULT_BUCKET_SIZE": "1000"}
+    results = run_workers("autotune_weights", 3, tmp_path / "run", extra_env=env, args=(algorithm,))
+    for r in results:
+        assert len(r["trials"]) == 4 and r["layouts"] == results[0]["layouts"]
+        assert len(set(r["layouts"])) > 1  # the number of buckets changed between trials
+        if algorithm == "decentralized":  # exact averaging: bucketing changes nothing
+            assert r["losses"] == pytest.approx(r["losses_untuned"], rel=1e-6)
+        else:  # compression chunks / asynchronous rounds differ with the buckets
+            assert r["losses"] == pytest.approx(r["losses_untuned"], rel=0.05)
+    if algorithm == "low_precision_decentralized":
+        n = len(results)
+        for rank, r in enumerate(results):
+            for name in r["bucket_names"]:
+                weight = r["copies"][name][0]
+                assert torch.equal(results[(rank - 1) % n]["copies"][name][2], weight)
+                assert torch.equal(results[(rank + 1) % n]["copies"][name][1], weight)
+    if algorithm == "async_model_average":
+        assert all(set(r["status"]) == {"stopped"} for r in results), [r["status"] for r in results]
 
 
 def test_every_switch_combination_still_equals_ddp(tmp_path):

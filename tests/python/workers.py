@@ -549,6 +549,46 @@ def scenario_autotune(out_dir):
                 "best": tuner.best}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_autotune_weights(out_dir, algorithm_name):
+    """Autotuning with algorithms that communicate weights: training keeps
+    working across re-bucketing and the algorithm's invariants hold."""
+    from bagua.torch_api.algorithms.async_model_average import AsyncModelAverageAlgorithm
+    from bagua.torch_api.algorithms.decentralized import (DecentralizedAlgorithm,
+                                                          LowPrecisionDecentralizedAlgorithm)
+
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    make = {"low_precision_decentralized": lambda: LowPrecisionDecentralizedAlgorithm(hierarchical=False),
+            "decentralized": lambda: DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="ring"),
+            "async_model_average": lambda: AsyncModelAverageAlgorithm(sync_interval_ms=5)}[algorithm_name]
+    result = {}
+    for tuned in (False, True):
+        algorithm = make()
+        model, opt = fresh_model_and_optimizer("sgd")
+        model = model.with_bagua([opt], algorithm, autotune=tuned)
+        losses, layouts = [], []
+        for x, y in batches(rank, steps=16):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            layouts.append(len(model.bagua_buckets))
+        if hasattr(algorithm, "abort"):
+            algorithm.abort(model)
+        result["losses" if tuned else "losses_untuned"] = losses
+        if tuned:
+            result.update(layouts=layouts, trials=model.bagua_ddp.autotuner.trials)
+    impl = model.bagua_ddp.bagua_algorithm_impl
+    if algorithm_name == "low_precision_decentralized":
+        # ring invariant after re-bucketing: my weight == my neighbours' copies of it
+        result["copies"] = {b.name: [c.clone() for c in impl.peer_weights[b.name]] for b in model.bagua_buckets}
+        result["bucket_names"] = [b.name for b in model.bagua_buckets]
+    if algorithm_name == "async_model_average":
+        result["status"] = impl.status()
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 def scenario_saved_plan(out_dir):
     """A run that loads BAGUA_AUTOTUNE_PLAN starts with the saved bucket size."""
     bagua.init_process_group()
