@@ -16,14 +16,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(script: str, world_size: int, out: Path, worker_args) -> dict:
-    """Runs `script --worker --out OUT worker_args...` on `world_size` ranks;
-    returns the JSON rank 0 wrote to OUT."""
+def launch(script: str, world_size: int, out: Path, worker_args, local_size: int = 0) -> dict:
+    """Runs `script --worker --out OUT worker_args...` on `world_size` ranks
+    (`local_size` ranks per simulated node, default all); returns the JSON
+    rank 0 wrote to OUT."""
     port = free_port()
     procs = []
+    local_size = local_size or world_size
     for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % local_size),
+                   LOCAL_WORLD_SIZE=str(local_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1")
         cmd = [sys.executable, script, "--worker", "--out", str(out), *worker_args]
         procs.append(subprocess.Popen(cmd, env=env))

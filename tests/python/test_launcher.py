@@ -19,3 +19,12 @@ def test_explicit_nproc_per_node_is_kept():
 def test_script_arguments_are_not_mistaken_for_launcher_options():
     args = launch.build_torchrun_args(["t.py", "--nproc_per_node", "9"])
     assert args[0].startswith("--nproc_per_node=") and args[1:] == ["t.py", "--nproc_per_node", "9"]
+
+
+def test_autotune_level_sets_the_workers_environment(monkeypatch):
+    monkeypatch.delenv("BAGUA_AUTOTUNE", raising=False)
+    args = launch.build_torchrun_args(["--autotune_level", "1", "--nproc_per_node=2", "t.py", "--autotune_level", "7"])
+    assert args == ["--nproc_per_node=2", "t.py", "--autotune_level", "7"]
+    import os
+
+    assert os.environ["BAGUA_AUTOTUNE"] == "1"

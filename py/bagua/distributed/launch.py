@@ -1,9 +1,13 @@
-"""``python -m bagua.distributed.launch [torchrun options] script.py [args]``
+"""``python -m bagua.distributed.launch [options] script.py [args]``
 
 A thin layer over ``torchrun`` (``torch.distributed.run``): the same options,
 with ``--nproc_per_node`` defaulting to the number of GPUs, or to the number
-of CPU cores this process may use when there is no GPU. Plain ``torchrun``
-works just as well; this only picks the default.
+of CPU cores this process may use when there is no GPU, plus bagua's own:
+
+  --autotune_level N   0: no autotuning (default); 1: tune the bucket size
+                       during training (sets BAGUA_AUTOTUNE=1 for the workers)
+
+Plain ``torchrun`` works just as well (set BAGUA_AUTOTUNE yourself).
 """
 
 import os
@@ -37,8 +41,27 @@ def _has_option(argv: List[str], option: str) -> bool:
     return False
 
 
+def take_bagua_options(argv: List[str]) -> List[str]:
+    """Removes bagua's own launcher options from `argv` (before the script),
+    applying them to the environment the workers inherit."""
+    args, rest = [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("-"):
+            return args + [arg] + rest
+        name, _, value = arg.partition("=")
+        if name in ("--autotune_level", "--autotune-level"):
+            value = value or (rest.pop(0) if rest else "")
+            if value not in ("0", "1"):
+                raise SystemExit(f"--autotune_level must be 0 or 1, got {value!r}")
+            os.environ["BAGUA_AUTOTUNE"] = value
+            continue
+        args.append(arg)
+    return args
+
+
 def build_torchrun_args(argv: List[str]) -> List[str]:
-    args = list(argv)
+    args = take_bagua_options(argv)
     if not _has_option(args, "--nproc_per_node"):
         args = [f"--nproc_per_node={default_nproc_per_node()}"] + args
     return args

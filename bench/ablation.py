@@ -1,0 +1,148 @@
+"""The O/F/H ablation (Bagua paper, Table 5) on CPU: step time of
+GradientAllReduce with all of overlap (O), fusion/flattening (F) and
+hierarchical communication (H) on, and with each one switched off, for a
+model of many small tensors and one of a few large ones.
+
+4 processes as 2 simulated nodes of 2 (LOCAL_WORLD_SIZE=2), so hierarchical
+mode has an intra-node and an inter-node level. All configurations run in the
+same processes, alternating rounds. PyTorch DDP runs alongside as a reference.
+
+    /usr/bin/python3 bench/ablation.py [--steps 15 --rounds 3]
+
+Prints a table, writes bench/results/ablation.json and docs/ablation.png.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import launch, machine  # noqa: E402
+
+MODELS = {
+    "many_small": dict(width=96, depth=40, input=96),   # 82 tensors of a few KB
+    "few_large": dict(width=1024, depth=3, input=1024),  # 8 tensors, up to 4 MB
+}
+CONFIGS = {
+    "all on (O+F+H)": dict(overlap=True, do_flatten=True, hierarchical=True),
+    "overlap off": dict(overlap=False, do_flatten=True, hierarchical=True),
+    "flatten off": dict(overlap=True, do_flatten=False, hierarchical=True),
+    "hierarchical off": dict(overlap=True, do_flatten=True, hierarchical=False),
+}
+
+
+def worker(args):
+    import torch
+    import torch.nn.functional as F
+
+    import bagua.torch_api as bagua
+    from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+
+    torch.set_num_threads(1)
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    results = {}
+    for model_name, spec in MODELS.items():
+        def build():
+            torch.manual_seed(0)
+            layers = [torch.nn.Linear(spec["input"], spec["width"]), torch.nn.ReLU()]
+            for _ in range(spec["depth"] - 1):
+                layers += [torch.nn.Linear(spec["width"], spec["width"]), torch.nn.ReLU()]
+            return torch.nn.Sequential(*layers, torch.nn.Linear(spec["width"], 10))
+
+        g = torch.Generator().manual_seed(rank)
+        data = [(torch.randn(32, spec["input"], generator=g), torch.randint(0, 10, (32,), generator=g))
+                for _ in range(4)]
+        runs = {}
+        for name, config in CONFIGS.items():
+            model = build()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            model = model.with_bagua([opt], GradientAllReduceAlgorithm(hierarchical=config["hierarchical"]),
+                                     do_flatten=config["do_flatten"], overlap=config["overlap"])
+            runs[name] = (model, opt)
+        model = build()
+        runs["PyTorch DDP"] = (torch.nn.parallel.DistributedDataParallel(model),
+                               torch.optim.SGD(model.parameters(), lr=0.01))
+
+        def time_steps(model, opt, steps):
+            times = []
+            for i in range(steps):
+                x, y = data[i % len(data)]
+                start = time.perf_counter()
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                times.append(time.perf_counter() - start)
+            return times
+
+        for model, opt in runs.values():
+            time_steps(model, opt, 3)
+        samples = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, (model, opt) in runs.items():
+                bagua.barrier()
+                samples[name] += time_steps(model, opt, args.steps)
+        summary = {}
+        for name, times in samples.items():
+            t = torch.tensor(times, dtype=torch.float64)
+            bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
+            summary[name] = statistics.median(t.tolist())
+        results[model_name] = summary
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(results))
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(11, 3.8))
+    for ax, (model, times) in zip(axes, results.items()):
+        names = list(times)
+        values = [times[n] * 1e3 for n in names]
+        colors = ["#2b6cb0" if n.startswith("all on") else "#999999" if "DDP" in n else "#e07b39"
+                  for n in names]
+        ax.barh(names[::-1], values[::-1], color=colors[::-1])
+        ax.set_title(model.replace("_", " "))
+        ax.set_xlabel("step time, ms (lower is better)")
+        for y, v in enumerate(values[::-1]):
+            ax.text(v, y, f" {v:.1f}", va="center", fontsize=8)
+    fig.suptitle("GradientAllReduce ablation: 4 CPU processes, 2 simulated nodes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "ablation.json"))
+    parser.add_argument("--plot", default=str(Path(__file__).parent.parent / "docs" / "ablation.png"))
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        results = launch(__file__, 4, Path(tmp) / "ablation.json",
+                         ["--steps", str(args.steps), "--rounds", str(args.rounds)], local_size=2)
+    print(f"{'model':12} {'configuration':>20} {'step ms':>9} {'vs all on':>10}")
+    for model, times in results.items():
+        base = times["all on (O+F+H)"]
+        for name, seconds in times.items():
+            print(f"{model:12} {name:>20} {seconds * 1e3:9.2f} {seconds / base:10.3f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": machine(), "step_seconds": results}, indent=2))
+    plot(results, args.plot)
+    print(f"wrote {args.out} and {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
