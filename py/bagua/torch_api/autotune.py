@@ -11,7 +11,9 @@ steps the runtime tries bucket-size plans and keeps the fastest:
   rank 0's profiled order; gradients, weights and optimizer state are copied
   into the new buffers);
 - a trial is scored by the training throughput over a window of
-  ``BAGUA_AUTOTUNE_WINDOW_STEPS`` steps, the slowest rank's time counting;
+  ``BAGUA_AUTOTUNE_WINDOW_STEPS`` steps: each step's time is the slowest
+  rank's, and the score is the inverse of the median step time (a median,
+  so one step disturbed by something else on the machine does not decide);
 - after ``BAGUA_AUTOTUNE_MAX_TRIALS`` trials or ``BAGUA_AUTOTUNE_MAX_SECONDS``
   the best plan is applied and frozen.
 
@@ -83,7 +85,7 @@ class Autotuner:
         self.frozen = False
         self.best: Optional[dict] = None
         self._started_at: Optional[float] = None
-        self._window_start: Optional[float] = None
+        self._step_starts: List[float] = []
         self._window_begin_step = 0
         self._current: Optional[dict] = None
         self._study = None
@@ -128,12 +130,13 @@ class Autotuner:
         broadcast(tensor, 0, comm=self.ddp.process_group)
         return int(tensor.item())
 
-    def _slowest(self, seconds: float) -> float:
+    def _median_slowest_step(self, step_times: List[float]) -> float:
+        """Median over the window's steps of the slowest rank's step time."""
         from bagua.torch_api.communication import ReduceOp, allreduce_inplace
 
-        tensor = torch.tensor([seconds], dtype=torch.float64)
+        tensor = torch.tensor(step_times, dtype=torch.float64)
         allreduce_inplace(tensor, op=ReduceOp.MAX, comm=self.ddp.process_group)
-        return float(tensor.item())
+        return float(tensor.median().item())
 
     # -- the state machine ----------------------------------------------------
     def step_begin(self, step: int) -> Optional[int]:
@@ -142,10 +145,12 @@ class Autotuner:
         if self._started_at is None:
             self._started_at = time.monotonic()
         if self._current is not None:
+            self._step_starts.append(time.perf_counter())
             if step - self._window_begin_step < self.window_steps:
                 return None
-            elapsed = self._slowest(time.perf_counter() - self._window_start)
-            self._current["steps_per_second"] = self.window_steps / elapsed
+            starts = self._step_starts
+            median = self._median_slowest_step([b - a for a, b in zip(starts, starts[1:])])
+            self._current["steps_per_second"] = 1.0 / median
             self._current["buckets"] = len(self.ddp.bagua_buckets)
             self.trials.append(self._current)
             if self.rank == 0:
@@ -168,7 +173,7 @@ class Autotuner:
         measuring window starts now."""
         if self._current is not None and self._current["step"] == step:
             self._window_begin_step = step
-            self._window_start = time.perf_counter()
+            self._step_starts = [time.perf_counter()]
 
     def _write(self) -> None:
         order = [t.name for b in self.ddp.bagua_buckets for t in b.tensors]
