@@ -11,10 +11,19 @@ from typing import Callable, List
 
 import torch
 
+from bagua.torch_api._core import InvalidArgumentError
+
 from bagua.torch_api.bucket import BaguaBucket
 from bagua.torch_api.tensor import BaguaTensor
 
 __all__ = ["Algorithm", "AlgorithmImpl"]
+
+
+def check_flags(algorithm: str, **flags) -> None:
+    """Raises InvalidArgumentError unless every flag is True or False."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise InvalidArgumentError(f"{algorithm}: {name} must be True or False, got {value!r}")
 
 
 class Algorithm:

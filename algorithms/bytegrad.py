@@ -5,8 +5,7 @@ scatter-reduce: MinMaxUInt8 chunks, alltoall, reduce, compress, allgather.
 About a quarter of GradientAllReduce's bytes for fp32 gradients.
 """
 
-from bagua.torch_api._core import InvalidArgumentError
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags
 
 __all__ = ["ByteGradAlgorithm", "ByteGradAlgorithmImpl"]
 
@@ -32,9 +31,7 @@ class ByteGradAlgorithm(Algorithm):
                 compress only between nodes (nodes from LOCAL_WORLD_SIZE).
             average: average (True) or sum (False) the gradients.
         """
-        for name, value in (("hierarchical", hierarchical), ("average", average)):
-            if not isinstance(value, bool):
-                raise InvalidArgumentError(f"ByteGradAlgorithm: {name} must be True or False, got {value!r}")
+        check_flags("ByteGradAlgorithm", hierarchical=hierarchical, average=average)
         self.hierarchical = hierarchical
         self.average = average
 

@@ -4,8 +4,7 @@ Every gradient is averaged (or summed) over all ranks with C_FP_S while
 backward still runs; all ranks then take the same optimizer step.
 """
 
-from bagua.torch_api._core import InvalidArgumentError
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags
 
 __all__ = ["GradientAllReduceAlgorithm", "GradientAllReduceAlgorithmImpl"]
 
@@ -30,10 +29,7 @@ class GradientAllReduceAlgorithm(Algorithm):
                 node leaders (nodes from LOCAL_WORLD_SIZE), broadcast back.
             average: average the gradients (True) or sum them (False).
         """
-        for name, value in (("hierarchical", hierarchical), ("average", average)):
-            if not isinstance(value, bool):
-                raise InvalidArgumentError(
-                    f"GradientAllReduceAlgorithm: {name} must be True or False, got {value!r}")
+        check_flags("GradientAllReduceAlgorithm", hierarchical=hierarchical, average=average)
         self.hierarchical = hierarchical
         self.average = average
 

@@ -14,13 +14,11 @@ Prints a table, writes bench/results/ablation.json and docs/ablation.png.
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import launch, machine  # noqa: E402
+from common import launch, machine, median_slowest, timed_steps  # noqa: E402
 
 MODELS = {
     "many_small": dict(width=96, depth=40, input=96),   # 82 tensors of a few KB
@@ -36,7 +34,6 @@ CONFIGS = {
 
 def worker(args):
     import torch
-    import torch.nn.functional as F
 
     import bagua.torch_api as bagua
     from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
@@ -68,15 +65,7 @@ def worker(args):
                                torch.optim.SGD(model.parameters(), lr=0.01))
 
         def time_steps(model, opt, steps):
-            times = []
-            for i in range(steps):
-                x, y = data[i % len(data)]
-                start = time.perf_counter()
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
-                times.append(time.perf_counter() - start)
-            return times
+            return timed_steps(model, opt, data, steps)
 
         for model, opt in runs.values():
             time_steps(model, opt, 3)
@@ -85,12 +74,7 @@ def worker(args):
             for name, (model, opt) in runs.items():
                 bagua.barrier()
                 samples[name] += time_steps(model, opt, args.steps)
-        summary = {}
-        for name, times in samples.items():
-            t = torch.tensor(times, dtype=torch.float64)
-            bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
-            summary[name] = statistics.median(t.tolist())
-        results[model_name] = summary
+        results[model_name] = median_slowest(samples)
     if rank == 0:
         Path(args.out).write_text(json.dumps(results))
 

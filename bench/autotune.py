@@ -13,13 +13,12 @@ Writes bench/results/autotune.json (with every trial) .
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import launch, machine  # noqa: E402
+from common import launch, machine, median_slowest  # noqa: E402
 
 
 def worker(args):
@@ -72,11 +71,7 @@ def worker(args):
                 t0 = time.perf_counter()
                 step(model, opt, k)
                 samples[name].append(time.perf_counter() - t0)
-    summary = {}
-    for name, times in samples.items():
-        t = torch.tensor(times, dtype=torch.float64)
-        bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
-        summary[name] = statistics.median(t.tolist())
+    summary = median_slowest(samples)
     tuner = tuned.bagua_ddp.autotuner
     if rank == 0:
         Path(args.out).write_text(json.dumps({

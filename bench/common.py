@@ -43,3 +43,38 @@ def machine() -> dict:
     except (OSError, StopIteration):
         pass
     return {"host": platform.node(), "cpu_count": os.cpu_count(), "cpu": model}
+
+
+def timed_steps(model, opt, data, steps):
+    """Seconds of each of `steps` training steps (zero_grad, forward,
+    backward, optimizer step) on batches taken in turn from `data`."""
+    import time
+
+    import torch.nn.functional as F
+
+    times = []
+    for i in range(steps):
+        x, y = data[i % len(data)]
+        start = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def median_slowest(samples):
+    """{name: [step seconds]} -> {name: median over steps of the slowest
+    rank's time}. Collective: every rank calls it with its own samples."""
+    import statistics
+
+    import torch
+
+    import bagua.torch_api as bagua
+
+    summary = {}
+    for name, times in samples.items():
+        t = torch.tensor(times, dtype=torch.float64)
+        bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
+        summary[name] = statistics.median(t.tolist())
+    return summary

@@ -13,13 +13,11 @@ writes bench/results/step_time.json.
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import launch, machine  # noqa: E402
+from common import launch, machine, median_slowest, timed_steps  # noqa: E402
 
 MODELS = {
     # a few large tensors: 3 x 1024-wide layers, 2.2 M parameters
@@ -41,7 +39,6 @@ def build_model(spec):
 
 def worker(args):
     import torch
-    import torch.nn.functional as F
 
     import bagua.torch_api as bagua
     from bagua.torch_api.algorithms import bytegrad, decentralized, gradient_allreduce
@@ -74,15 +71,7 @@ def worker(args):
             return model, opt
 
         def time_steps(model, opt, steps):
-            times = []
-            for i in range(steps):
-                x, y = batches[i % len(batches)]
-                start = time.perf_counter()
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
-                times.append(time.perf_counter() - start)
-            return times
+            return timed_steps(model, opt, batches, steps)
 
         runs = {kind: make(kind) for kind in kinds}
         for kind, (model, opt) in runs.items():
@@ -93,11 +82,7 @@ def worker(args):
                 bagua.barrier()
                 samples[kind] += time_steps(model, opt, args.steps)
         # the slowest rank sets the pace: take each step's max over ranks
-        summary = {}
-        for kind, times in samples.items():
-            t = torch.tensor(times, dtype=torch.float64)
-            bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
-            summary[kind] = statistics.median(t.tolist())
+        summary = median_slowest(samples)
         params = sum(p.numel() for p in build_model(spec).parameters())
         tensors = len(list(build_model(spec).parameters()))
         results[model_name] = {"step_s": summary, "parameters": params, "tensors": tensors,

@@ -88,27 +88,14 @@ class DecentralizedSynchronousOp final : public CommOp {
       case PeerSelection::kAll: comm.allreduce(w, w, ReduceOp::kAvg); return;
       case PeerSelection::kShiftOne: {
         const int peer = shift_one_peer(rank, n, step_);
-        if (peer < 0) return;  // sits this step out
-        received_.resize(w.nbytes());
-        const TensorView theirs{received_.data(), w.numel, w.dtype, w.device};
-        const PeerMessage sends[] = {{w, peer}};
-        const PeerMessage receives[] = {{theirs, peer}};
-        comm.send_recv(sends, receives);
-        reduce_into(ReduceOp::kSum, w, w, theirs);
-        divide_inplace(w, 2);
+        if (peer >= 0) average_with(comm, w, peer);  // else: sits this step out
         return;
       }
       case PeerSelection::kRing: {
         const int left = (rank + n - 1) % n;
         const int right = (rank + 1) % n;
         if (left == right) {  // two ranks: one neighbour
-          received_.resize(w.nbytes());
-          const TensorView theirs{received_.data(), w.numel, w.dtype, w.device};
-          const PeerMessage sends[] = {{w, left}};
-          const PeerMessage receives[] = {{theirs, left}};
-          comm.send_recv(sends, receives);
-          reduce_into(ReduceOp::kSum, w, w, theirs);
-          divide_inplace(w, 2);
+          average_with(comm, w, left);
           return;
         }
         received_.resize(2 * w.nbytes());
@@ -123,6 +110,17 @@ class DecentralizedSynchronousOp final : public CommOp {
         return;
       }
     }
+  }
+
+  // w = (w + w of `peer`) / 2.
+  void average_with(Communicator& comm, const TensorView& w, int peer) {
+    received_.resize(w.nbytes());
+    const TensorView theirs{received_.data(), w.numel, w.dtype, w.device};
+    const PeerMessage sends[] = {{w, peer}};
+    const PeerMessage receives[] = {{theirs, peer}};
+    comm.send_recv(sends, receives);
+    reduce_into(ReduceOp::kSum, w, w, theirs);
+    divide_inplace(w, 2);
   }
 
   std::shared_ptr<Communicator> global_;
