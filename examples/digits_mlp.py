@@ -81,7 +81,7 @@ def main():
     parser.add_argument("--adam-lr", type=float, default=0.002, help="QAdam learning rate")
     parser.add_argument("--warmup-steps", type=int, default=100,
                         help="QAdam / async model average warmup steps")
-    parser.add_argument("--sync-interval-ms", type=int, default=20,
+    parser.add_argument("--sync-interval-ms", type=int, default=10,
                         help="async model average: milliseconds between averaging rounds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", help="write the final metrics as JSON to this file (rank 0)")
@@ -118,8 +118,13 @@ def main():
             progress.update(1)
         progress.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.4f}")
     progress.close()
-    if hasattr(algorithm, "abort"):  # asynchronous: stop the background averaging on every rank
+    if hasattr(algorithm, "abort"):
+        # Asynchronous: stop the background averaging on every rank, then
+        # average the weights once more so that all ranks hold one model.
         algorithm.abort(model)
+        with torch.no_grad():
+            for param in model.parameters():
+                bagua.allreduce_inplace(param.data, op=bagua.ReduceOp.AVG)
     elapsed = time.perf_counter() - start
 
     model.eval()
