@@ -104,6 +104,7 @@ TEST_CASE("one D_FP_S step of every mode equals the reference average") {
 
 TEST_CASE("asynchronous model average: idle ranks converge to the mean; abort agrees; resume") {
   const int world = 4;
+  std::vector<double> final_sum(world, 0.0), increments(world, 0.0);
   testing::run_ranks(world, [&](Communicator& comm) {
     auto dedicated = all_ranks(comm);
     const int rank = comm.rank();
@@ -127,6 +128,7 @@ TEST_CASE("asynchronous model average: idle ranks converge to the mean; abort ag
       for (int step = 0; step < (rank + cycle) % 3 + 1; ++step) {
         op->lock_weight();
         for (auto& v : w) v += 0.001;  // training progress
+        increments[static_cast<std::size_t>(rank)] += 0.001;
         op->unlock_weight();
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
@@ -141,7 +143,13 @@ TEST_CASE("asynchronous model average: idle ranks converge to the mean; abort ag
     op->abort();
     CHECK(op->status() == AsyncStatus::kStopped);
     op->rethrow_failure();
+    final_sum[static_cast<std::size_t>(rank)] = w[0];
   });
+  // No lost update: averaging keeps the sum over ranks, so the final sum is
+  // the initial one (0 + 1 + 2 + 3) plus every training increment.
+  const double total = std::accumulate(final_sum.begin(), final_sum.end(), 0.0);
+  const double expected = 6.0 + std::accumulate(increments.begin(), increments.end(), 0.0);
+  CHECK(total == doctest::Approx(expected).epsilon(1e-12));
 }
 
 TEST_CASE("asynchronous model average rejects unsupported modes and dtypes") {
