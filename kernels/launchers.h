@@ -28,4 +28,18 @@ const char* minmax_uint8_decompress(const void* in, std::int64_t numel, int dtyp
                                     std::int64_t chunk_elements, void* out, bool accumulate,
                                     void* stream) noexcept;
 
+// out[i] = sum over j < chunk_count of chunks[j * chunk_elements + i], divided
+// by chunk_count when `mean` (the local step of the scatter-reduce).
+const char* chunked_reduce(const void* chunks, std::int64_t chunk_count,
+                           std::int64_t chunk_elements, int dtype, bool mean, void* out,
+                           void* stream) noexcept;
+
+// w[i] = w[i] + sum[i] / ranks - snapshot[i] (asynchronous model average).
+const char* async_average_update(void* w, const void* sum, const void* snapshot,
+                                 std::int64_t numel, std::int64_t ranks, int dtype,
+                                 void* stream) noexcept;
+
+// 0 when every launched kernel finished without error.
+int synchronize_device() noexcept;
+
 }  // namespace bagua::kernels

@@ -157,6 +157,47 @@ PYBIND11_MODULE(bagua_core, m) {
 
   m.def("cuda_compiled", &cuda_compiled);
   m.def("cuda_device_count", &cuda_device_count);
+  // CUDA kernels, for tests and benchmarks on a GPU machine. `stream` is a
+  // cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream).
+  m.def(
+      "cuda_divide_inplace",
+      [](const TensorView& x, std::int64_t divisor, std::uintptr_t stream) {
+        cuda_divide_inplace(x, divisor, reinterpret_cast<void*>(stream));
+      },
+      py::arg("x"), py::arg("divisor"), py::arg("stream") = 0);
+  m.def(
+      "cuda_minmax_uint8_compress",
+      [](const TensorView& x, std::int64_t chunk_elements, std::uintptr_t out,
+         std::uintptr_t stream) {
+        cuda_minmax_uint8_compress(x, chunk_elements, reinterpret_cast<void*>(out),
+                                   reinterpret_cast<void*>(stream));
+      },
+      py::arg("x"), py::arg("chunk_elements"), py::arg("out"), py::arg("stream") = 0);
+  m.def(
+      "cuda_minmax_uint8_decompress",
+      [](std::uintptr_t in, std::int64_t chunk_elements, const TensorView& out, bool accumulate,
+         std::uintptr_t stream) {
+        cuda_minmax_uint8_decompress(reinterpret_cast<const void*>(in), chunk_elements, out,
+                                     accumulate, reinterpret_cast<void*>(stream));
+      },
+      py::arg("input"), py::arg("chunk_elements"), py::arg("out"), py::arg("accumulate") = false,
+      py::arg("stream") = 0);
+  m.def(
+      "cuda_chunked_reduce",
+      [](const TensorView& chunks, std::int64_t chunk_count, const TensorView& out, bool mean,
+         std::uintptr_t stream) {
+        cuda_chunked_reduce(chunks, chunk_count, out, mean, reinterpret_cast<void*>(stream));
+      },
+      py::arg("chunks"), py::arg("chunk_count"), py::arg("out"), py::arg("mean"),
+      py::arg("stream") = 0);
+  m.def(
+      "cuda_async_average_update",
+      [](const TensorView& w, const TensorView& sum, const TensorView& snapshot,
+         std::int64_t ranks, std::uintptr_t stream) {
+        cuda_async_average_update(w, sum, snapshot, ranks, reinterpret_cast<void*>(stream));
+      },
+      py::arg("w"), py::arg("sum"), py::arg("snapshot"), py::arg("ranks"), py::arg("stream") = 0);
+  m.def("cuda_synchronize", &cuda_synchronize, py::call_guard<py::gil_scoped_release>());
   m.def("default_bucket_bytes", [] { return env().default_bucket_bytes; });
   m.def("comm_timeout_s", [] { return static_cast<double>(env().comm_timeout.count()) / 1000.0; });
   m.def("log", [](const std::string& level, const std::string& message) {

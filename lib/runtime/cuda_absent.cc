@@ -32,4 +32,19 @@ void cuda_minmax_uint8_decompress(const void* /*in*/, std::int64_t /*chunk_eleme
   no_cuda(out);
 }
 
+void cuda_chunked_reduce(const TensorView& /*chunks*/, std::int64_t /*chunk_count*/,
+                         const TensorView& out, bool /*mean*/, void* /*stream*/) {
+  no_cuda(out);
+}
+
+void cuda_async_average_update(const TensorView& w, const TensorView& /*sum*/,
+                               const TensorView& /*snapshot*/, std::int64_t /*ranks*/,
+                               void* /*stream*/) {
+  no_cuda(w);
+}
+
+void cuda_synchronize() {
+  throw InvalidArgument("this build of bagua has no CUDA support");
+}
+
 }  // namespace bagua

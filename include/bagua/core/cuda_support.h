@@ -32,4 +32,16 @@ void cuda_minmax_uint8_compress(const TensorView& x, std::int64_t chunk_elements
 void cuda_minmax_uint8_decompress(const void* in, std::int64_t chunk_elements,
                                   const TensorView& out, bool accumulate, void* stream);
 
+// out = sum (or mean) over the chunk_count chunks of `chunks` (each of
+// out.numel elements), on the device.
+void cuda_chunked_reduce(const TensorView& chunks, std::int64_t chunk_count,
+                         const TensorView& out, bool mean, void* stream);
+
+// w = w + sum / ranks - snapshot on the device (asynchronous model average).
+void cuda_async_average_update(const TensorView& w, const TensorView& sum,
+                               const TensorView& snapshot, std::int64_t ranks, void* stream);
+
+// Waits for all work on the device; throws BackendError if a kernel failed.
+void cuda_synchronize();
+
 }  // namespace bagua
