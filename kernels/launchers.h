@@ -35,9 +35,8 @@ const char* chunked_reduce(const void* chunks, std::int64_t chunk_count,
                            void* stream) noexcept;
 
 // w[i] = w[i] + sum[i] / ranks - snapshot[i] (asynchronous model average).
-const char* async_average_update(void* w, const void* sum, const void* snapshot,
-                                 std::int64_t numel, std::int64_t ranks, int dtype,
-                                 void* stream) noexcept;
+const char* async_average_update(void* w, const void* sum, const void* snapshot, std::int64_t numel,
+                                 std::int64_t ranks, int dtype, void* stream) noexcept;
 
 // 0 when every launched kernel finished without error.
 int synchronize_device() noexcept;

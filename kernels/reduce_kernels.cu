@@ -37,8 +37,8 @@ template <typename T>
 __global__ void async_update_kernel(T* w, const T* sum, const T* snapshot, std::int64_t count,
                                     std::int64_t ranks) {
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < count; i += stride) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride) {
     w[i] = ::bagua::async_average_update(w[i], sum[i], snapshot[i], ranks);
   }
 }
@@ -66,15 +66,14 @@ const char* chunked_reduce(const void* chunks, std::int64_t chunk_count,
   if (chunk_elements == 0 || chunk_count == 0) return nullptr;
   return dispatch_all(dtype, [&](auto tag) {
     using T = decltype(tag);
-    chunked_reduce_kernel<T><<<blocks_for(chunk_elements), kThreads, 0,
-                               static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(chunks), chunk_count, chunk_elements, mean, static_cast<T*>(out));
+    chunked_reduce_kernel<T>
+        <<<blocks_for(chunk_elements), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(chunks), chunk_count, chunk_elements, mean, static_cast<T*>(out));
   });
 }
 
-const char* async_average_update(void* w, const void* sum, const void* snapshot,
-                                 std::int64_t numel, std::int64_t ranks, int dtype,
-                                 void* stream) noexcept {
+const char* async_average_update(void* w, const void* sum, const void* snapshot, std::int64_t numel,
+                                 std::int64_t ranks, int dtype, void* stream) noexcept {
   if (numel == 0) return nullptr;
   return dispatch_all(dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -192,8 +192,8 @@ PYBIND11_MODULE(bagua_core, m) {
       py::arg("stream") = 0);
   m.def(
       "cuda_async_average_update",
-      [](const TensorView& w, const TensorView& sum, const TensorView& snapshot,
-         std::int64_t ranks, std::uintptr_t stream) {
+      [](const TensorView& w, const TensorView& sum, const TensorView& snapshot, std::int64_t ranks,
+         std::uintptr_t stream) {
         cuda_async_average_update(w, sum, snapshot, ranks, reinterpret_cast<void*>(stream));
       },
       py::arg("w"), py::arg("sum"), py::arg("snapshot"), py::arg("ranks"), py::arg("stream") = 0);
@@ -426,9 +426,10 @@ PYBIND11_MODULE(bagua_core, m) {
   py::class_<Timeline, std::shared_ptr<Timeline>>(m, "Timeline")
       .def(py::init<int>(), py::arg("rank"))
       .def("now_us", &Timeline::now_us)
-      .def("instant", [](Timeline& t, const std::string& name, const std::string& category) {
-        t.instant(name, category, Timeline::kTrainingLane);
-      })
+      .def("instant",
+           [](Timeline& t, const std::string& name, const std::string& category) {
+             t.instant(name, category, Timeline::kTrainingLane);
+           })
       .def("span",
            [](Timeline& t, const std::string& name, const std::string& category,
               std::int64_t start_us, std::int64_t end_us) {

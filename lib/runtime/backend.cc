@@ -209,9 +209,8 @@ void Backend::communication_loop(const std::stop_token& stop) {
         op->execute(*bucket);
         const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
         if (options_.timeline) {
-          options_.timeline->span(std::string(op->name()), "comm_op",
-                                  Timeline::kCommunicationLane, start_us,
-                                  options_.timeline->now_us(),
+          options_.timeline->span(std::string(op->name()), "comm_op", Timeline::kCommunicationLane,
+                                  start_us, options_.timeline->now_us(),
                                   {{"bucket", bucket->name()},
                                    {"bytes_sent", op->bytes_sent() - bytes_before},
                                    {"bucket_bytes", bucket->nbytes()}});

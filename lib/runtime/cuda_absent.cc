@@ -43,8 +43,6 @@ void cuda_async_average_update(const TensorView& w, const TensorView& /*sum*/,
   no_cuda(w);
 }
 
-void cuda_synchronize() {
-  throw InvalidArgument("this build of bagua has no CUDA support");
-}
+void cuda_synchronize() { throw InvalidArgument("this build of bagua has no CUDA support"); }
 
 }  // namespace bagua

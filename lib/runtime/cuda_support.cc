@@ -45,18 +45,18 @@ void cuda_minmax_uint8_decompress(const void* in, std::int64_t chunk_elements,
   }
 }
 
-void cuda_chunked_reduce(const TensorView& chunks, std::int64_t chunk_count,
-                         const TensorView& out, bool mean, void* stream) {
+void cuda_chunked_reduce(const TensorView& chunks, std::int64_t chunk_count, const TensorView& out,
+                         bool mean, void* stream) {
   BAGUA_CHECK_ARG(chunks.device.type == DeviceType::kCUDA && out.device.type == DeviceType::kCUDA,
                   "cuda_chunked_reduce needs CUDA tensors, got {} and {}", chunks.describe(),
                   out.describe());
-  BAGUA_CHECK_ARG(chunk_count > 0 && chunks.numel == chunk_count * out.numel &&
-                      chunks.dtype == out.dtype,
-                  "cuda_chunked_reduce: {} is not {} chunks of {}", chunks.describe(), chunk_count,
-                  out.describe());
-  if (const char* error = kernels::chunked_reduce(chunks.data, chunk_count, out.numel,
-                                                  static_cast<int>(out.dtype), mean, out.data,
-                                                  stream)) {
+  BAGUA_CHECK_ARG(
+      chunk_count > 0 && chunks.numel == chunk_count * out.numel && chunks.dtype == out.dtype,
+      "cuda_chunked_reduce: {} is not {} chunks of {}", chunks.describe(), chunk_count,
+      out.describe());
+  if (const char* error =
+          kernels::chunked_reduce(chunks.data, chunk_count, out.numel, static_cast<int>(out.dtype),
+                                  mean, out.data, stream)) {
     throw BackendError("cuda_chunked_reduce on " + out.describe() + ": " + error);
   }
 }
@@ -64,10 +64,9 @@ void cuda_chunked_reduce(const TensorView& chunks, std::int64_t chunk_count,
 void cuda_async_average_update(const TensorView& w, const TensorView& sum,
                                const TensorView& snapshot, std::int64_t ranks, void* stream) {
   for (const auto* view : {&w, &sum, &snapshot}) {
-    BAGUA_CHECK_ARG(view->device.type == DeviceType::kCUDA && view->numel == w.numel &&
-                        view->dtype == w.dtype,
-                    "cuda_async_average_update: {} does not match {}", view->describe(),
-                    w.describe());
+    BAGUA_CHECK_ARG(
+        view->device.type == DeviceType::kCUDA && view->numel == w.numel && view->dtype == w.dtype,
+        "cuda_async_average_update: {} does not match {}", view->describe(), w.describe());
   }
   BAGUA_CHECK_ARG(ranks > 0, "cuda_async_average_update: ranks must be positive, got {}", ranks);
   if (const char* error = kernels::async_average_update(w.data, sum.data, snapshot.data, w.numel,

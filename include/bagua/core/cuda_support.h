@@ -34,8 +34,8 @@ void cuda_minmax_uint8_decompress(const void* in, std::int64_t chunk_elements,
 
 // out = sum (or mean) over the chunk_count chunks of `chunks` (each of
 // out.numel elements), on the device.
-void cuda_chunked_reduce(const TensorView& chunks, std::int64_t chunk_count,
-                         const TensorView& out, bool mean, void* stream);
+void cuda_chunked_reduce(const TensorView& chunks, std::int64_t chunk_count, const TensorView& out,
+                         bool mean, void* stream);
 
 // w = w + sum / ranks - snapshot on the device (asynchronous model average).
 void cuda_async_average_update(const TensorView& w, const TensorView& sum,
