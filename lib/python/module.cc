@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bagua/bagua.h"
+#include "bagua/comm/nccl_communicator.h"
 #include "bagua/core/cuda_support.h"
 #include "bagua/core/env.h"
 #include "bagua/core/logging.h"
@@ -22,6 +23,21 @@ namespace py = pybind11;
 using namespace bagua;
 
 namespace {
+
+// Ops other than C_FP_S compute on the bucket's memory with CPU loops.
+void require_host_bucket(const Bucket& b, const char* op) {
+  BAGUA_CHECK_ARG(b.device().type == DeviceType::kCPU,
+                  "{} runs on CPU tensors; bucket '{}' is on {} (CUDA buckets support the "
+                  "full-precision centralized op over NCCL in this version)",
+                  op, b.name(), b.device().str());
+}
+
+void require_comm_supports(const Bucket& b, const Communicator& comm, const char* op) {
+  BAGUA_CHECK_ARG(comm.supports(b.device().type),
+                  "{}: bucket '{}' is on {} but the {} communicator cannot reach that memory "
+                  "(use BAGUA_BACKEND=nccl for CUDA tensors)",
+                  op, b.name(), b.device().str(), comm.backend_name());
+}
 
 // A Python object that may be dropped from any thread: takes the GIL to
 // release its reference.
@@ -294,6 +310,20 @@ PYBIND11_MODULE(bagua_core, m) {
       py::arg("interface_name") = "", py::arg("hostname") = "", py::arg("timeout_s") = 0.0,
       release);
 
+  m.def("nccl_unavailable_reason", &nccl_unavailable_reason);
+  m.def(
+      "nccl_communicator",
+      [](std::shared_ptr<Store> store, int rank, int size, const std::string& prefix, int device,
+         double timeout_s) -> CommPtr {
+        NcclOptions options{
+            .prefix = prefix,
+            .device = device,
+            .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000))};
+        return make_nccl_communicator(std::move(store), rank, size, std::move(options));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("prefix") = "bagua",
+      py::arg("device") = 0, py::arg("timeout_s") = 0.0, release);
+
   py::class_<HierarchicalComms, std::shared_ptr<HierarchicalComms>>(m, "HierarchicalComms")
       .def_readonly("intra", &HierarchicalComms::intra)
       .def_readonly("inter", &HierarchicalComms::inter)
@@ -329,6 +359,7 @@ PYBIND11_MODULE(bagua_core, m) {
           "append_centralized_synchronous_op",
           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
              bool hierarchical, bool average, bool scattergather) {
+            if (global) require_comm_supports(b, *global, "append_centralized_synchronous_op");
             b.append_op(std::make_unique<CentralizedSynchronousOp>(
                 std::move(global), std::move(hierarchy),
                 CentralizedSynchronousOptions{.hierarchical = hierarchical,
@@ -341,6 +372,7 @@ PYBIND11_MODULE(bagua_core, m) {
           "append_centralized_low_precision_op",
           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
              bool hierarchical, bool average, bool error_feedback) {
+            require_host_bucket(b, "C_LP_S (compression)");
             b.append_op(std::make_unique<CentralizedLowPrecisionOp>(
                 std::move(global), std::move(hierarchy), b.dtype(),
                 CentralizedLowPrecisionOptions{.hierarchical = hierarchical,
@@ -354,6 +386,7 @@ PYBIND11_MODULE(bagua_core, m) {
           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
              const TensorView& weight, const TensorView& left, const TensorView& right,
              bool hierarchical) {
+            require_host_bucket(b, "D_LP_S");
             b.append_op(std::make_unique<LowPrecisionDecentralizedOp>(
                 std::move(global), std::move(hierarchy), weight, left, right, b.numel(), b.dtype(),
                 LowPrecisionDecentralizedOptions{.hierarchical = hierarchical}));
@@ -364,6 +397,7 @@ PYBIND11_MODULE(bagua_core, m) {
           "append_decentralized_synchronous_op",
           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
              const TensorView& peer_weight, bool hierarchical, const std::string& mode) {
+            require_host_bucket(b, "D_FP_S");
             auto op = std::make_shared<DecentralizedSynchronousOp>(
                 std::move(global), std::move(hierarchy), peer_weight, b.numel(), b.dtype(),
                 DecentralizedSynchronousOptions{.hierarchical = hierarchical,
@@ -376,6 +410,7 @@ PYBIND11_MODULE(bagua_core, m) {
       .def(
           "append_asynchronous_model_average_op",
           [](Bucket& b, CommPtr dedicated, const std::string& mode, std::int64_t sync_interval_ms) {
+            require_host_bucket(b, "asynchronous model average");
             auto op = std::make_shared<AsyncModelAverageOp>(
                 std::move(dedicated), b,
                 AsyncModelAverageOptions{

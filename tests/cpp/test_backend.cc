@@ -10,6 +10,7 @@
 #include <numeric>
 #include <thread>
 
+#include "bagua/comm/nccl_communicator.h"
 #include "bagua/ops/callback_op.h"
 #include "bagua/ops/centralized_synchronous.h"
 #include "bagua/runtime/backend.h"
@@ -26,7 +27,8 @@ TensorView view_of(std::vector<float>& data) {
 }  // namespace
 
 TEST_CASE("buckets execute in registration order, not readiness order") {
-  Backend backend(BackendOptions{.rank = 0, .timeout = std::chrono::seconds(10), .timeline = nullptr});
+  Backend backend(
+      BackendOptions{.rank = 0, .timeout = std::chrono::seconds(10), .timeline = nullptr});
   std::vector<std::vector<float>> data(3, std::vector<float>(4));
   std::mutex mutex;
   std::vector<std::string> executed;
@@ -67,7 +69,8 @@ TEST_CASE("buckets execute in registration order, not readiness order") {
 }
 
 TEST_CASE("readiness errors: unknown tensor, marked twice") {
-  Backend backend(BackendOptions{.rank = 3, .timeout = std::chrono::seconds(10), .timeline = nullptr});
+  Backend backend(
+      BackendOptions{.rank = 3, .timeout = std::chrono::seconds(10), .timeline = nullptr});
   std::vector<float> a(2), b(2);
   auto bucket = std::make_shared<Bucket>(
       "only", std::vector<BucketTensor>{{"a", view_of(a)}, {"b", view_of(b)}});
@@ -81,7 +84,8 @@ TEST_CASE("readiness errors: unknown tensor, marked twice") {
 }
 
 TEST_CASE("a bucket that never becomes ready is a TimeoutError naming it and its tensors") {
-  Backend backend(BackendOptions{.rank = 1, .timeout = std::chrono::milliseconds(300), .timeline = nullptr});
+  Backend backend(
+      BackendOptions{.rank = 1, .timeout = std::chrono::milliseconds(300), .timeline = nullptr});
   std::vector<float> a(2), b(2);
   auto bucket = std::make_shared<Bucket>(
       "grads0", std::vector<BucketTensor>{{"w", view_of(a)}, {"bias", view_of(b)}});
@@ -94,7 +98,8 @@ TEST_CASE("a bucket that never becomes ready is a TimeoutError naming it and its
 }
 
 TEST_CASE("a failing op reaches the waiting thread with op and bucket named") {
-  Backend backend(BackendOptions{.rank = 2, .timeout = std::chrono::seconds(10), .timeline = nullptr});
+  Backend backend(
+      BackendOptions{.rank = 2, .timeout = std::chrono::seconds(10), .timeline = nullptr});
   std::vector<float> a(2);
   auto bucket = std::make_shared<Bucket>("bad", std::vector<BucketTensor>{{"a", view_of(a)}});
   bucket->append_op(std::make_unique<CallbackOp>(
@@ -143,7 +148,8 @@ TEST_CASE("C_FP_S gives the sum or average for every mode, flat or not, unequal 
         const std::vector<std::vector<std::int64_t>> layout{{1}, {3, 4}, {333, 1, 665}};
         std::vector<std::vector<float>> storage;
         std::vector<std::shared_ptr<Bucket>> buckets;
-        Backend backend(BackendOptions{.rank = rank, .timeout = std::chrono::seconds(20), .timeline = nullptr});
+        Backend backend(
+            BackendOptions{.rank = rank, .timeout = std::chrono::seconds(20), .timeline = nullptr});
         int tensor_id = 0;
         for (std::size_t b = 0; b < layout.size(); ++b) {
           std::int64_t total = std::accumulate(layout[b].begin(), layout[b].end(), std::int64_t{0});
@@ -211,8 +217,8 @@ TEST_CASE("a rank that never joins a bucket's collective: the watchdog names ran
             std::make_shared<Bucket>("grads7", std::vector<BucketTensor>{{"w", view_of(data)}});
         bucket->append_op(std::make_unique<CentralizedSynchronousOp>(
             comm, nullptr, CentralizedSynchronousOptions{}));
-        Backend backend(
-            BackendOptions{.rank = comm->rank(), .timeout = std::chrono::milliseconds(1500), .timeline = nullptr});
+        Backend backend(BackendOptions{
+            .rank = comm->rank(), .timeout = std::chrono::milliseconds(1500), .timeline = nullptr});
         backend.register_ordered_buckets({bucket});
         if (comm->rank() == 1) {
           std::this_thread::sleep_for(std::chrono::milliseconds(3000));
@@ -226,4 +232,21 @@ TEST_CASE("a rank that never joins a bucket's collective: the watchdog names ran
   CHECK(errors[0].find("rank 0") != std::string::npos);
   CHECK(errors[0].find("bucket 'grads7'") != std::string::npos);
   CHECK(errors[0].find("centralized_synchronous") != std::string::npos);
+}
+
+TEST_CASE("the NCCL backend says why it cannot run, instead of crashing") {
+  const std::string why = nccl_unavailable_reason();
+  if (why.empty()) return;  // a GPU machine: NCCL is usable
+  CHECK_THROWS_WITH_AS(make_nccl_communicator(make_hash_store(), 0, 1),
+                       doctest::Contains(why.c_str()), InvalidArgument);
+}
+
+TEST_CASE("a CUDA bucket must be flat, and device divide needs CUDA memory") {
+  std::vector<float> a(2), b(2);
+  const Device gpu{DeviceType::kCUDA, 0};
+  Bucket bucket("gpu", {{"a", TensorView{a.data(), 2, DType::kFloat32, gpu}},
+                        {"b", TensorView{b.data() + 1, 1, DType::kFloat32, gpu}}});
+  CHECK_FALSE(bucket.is_flat());
+  CHECK_THROWS_WITH_AS(bucket.with_flat_view([](const TensorView&) {}),
+                       doctest::Contains("must be flat"), InvalidArgument);
 }

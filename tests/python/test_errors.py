@@ -50,3 +50,16 @@ def test_bad_input_raises_on_every_rank(world_size, tmp_path):
         expect("bad_optimizer_list", "InvalidArgumentError", "torch.optim.Optimizer")
         assert result["rewrap_after_reset"] is None
         assert result["after_errors"] == [float(world_size)] * 3
+
+
+def test_nccl_backend_request_without_nccl_is_a_clear_error(tmp_path):
+    import bagua_core
+
+    results = run_workers("backend_choice", 2, tmp_path, extra_env={"BAGUA_BACKEND": "nccl"})
+    reason = bagua_core.nccl_unavailable_reason()
+    for r in results:
+        if not reason:  # NCCL usable here: init succeeded
+            assert r["nccl"] is None
+            continue
+        name, message, mro = r["nccl"]
+        assert "RuntimeError" in mro and "BAGUA_BACKEND=nccl" in message and reason in message, message

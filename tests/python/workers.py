@@ -629,6 +629,19 @@ def scenario_switches(out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_backend_choice(out_dir):
+    """BAGUA_BACKEND=nccl where NCCL cannot run: a clear error; CUDA buckets
+    on Gloo: refused when the op is appended."""
+    rank = int(os.environ["RANK"])
+    results = {"nccl": _capture(bagua.init_process_group)}
+    if results["nccl"] is None:  # a GPU machine: NCCL works, nothing more to check here
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        return
+    os.environ["BAGUA_BACKEND"] = "gloo"
+    bagua.init_process_group()
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -47,6 +47,9 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
+  // Whether buffers on devices of `type` can be passed to this communicator
+  // (Gloo: host memory only; NCCL: CUDA memory, host memory staged).
+  virtual bool supports(DeviceType type) const { return type == DeviceType::kCPU; }
 
   // recv = op over ranks of send. kAvg divides the sum by size().
   virtual void allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) = 0;

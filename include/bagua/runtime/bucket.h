@@ -79,6 +79,10 @@ class Bucket {
       fn(TensorView{tensors_.front().view.data, numel_, dtype(), device()});
       return;
     }
+    BAGUA_CHECK_ARG(
+        device().type == DeviceType::kCPU,
+        "bucket '{}' on {} is not flattened: CUDA buckets must be flat (do_flatten=True)", name_,
+        device().str());
     staging_.resize(nbytes());
     std::size_t offset = 0;
     for (const auto& tensor : tensors_) {

@@ -68,15 +68,17 @@ def check_tensor(tensor, what: str = "tensor") -> None:
         )
 
 
-def tensor_view(tensor, what: str = "tensor"):
-    """A ``bagua_core.TensorView`` of a contiguous CPU tensor."""
+def tensor_view(tensor, what: str = "tensor", allow_cuda: bool = False):
+    """A ``bagua_core.TensorView`` of a contiguous tensor: host memory, or
+    CUDA memory when ``allow_cuda`` (for consumers that can reach it)."""
     check_tensor(tensor, what)
-    if tensor.device.type != "cpu":
+    if tensor.device.type != "cpu" and not allow_cuda:
         raise InvalidArgumentError(
             f"{what} is on {tensor.device}: this view needs host memory (CUDA tensors are staged "
             "by the caller)"
         )
-    return core.TensorView(tensor.data_ptr(), tensor.numel(), dtype_name(tensor.dtype), "cpu")
+    return core.TensorView(tensor.data_ptr(), tensor.numel(), dtype_name(tensor.dtype),
+                           device_name(tensor.device))
 
 
 def log(level: str, message: str) -> None:

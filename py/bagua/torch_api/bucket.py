@@ -52,7 +52,7 @@ class BaguaBucket:
                 t._register(current)
         self._keep_alive = []  # tensors the ops hold views of
         self.backend_bucket = core.Bucket(
-            name, [(t.name, tensor_view(t.bagua_registered_tensor(), f"tensor '{t.name}'"))
+            name, [(t.name, tensor_view(t.bagua_registered_tensor(), f"tensor '{t.name}'", allow_cuda=True))
                    for t in self.tensors])
 
     def clear_ops(self) -> "BaguaBucket":

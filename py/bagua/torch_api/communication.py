@@ -209,10 +209,19 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
             dist.init_process_group("gloo", rank=rank, world_size=world_size)
         store = dist.distributed_c10d._get_default_store()
     prefixed = dist.PrefixStore("bagua", store)
-    interface, hostname = _gloo_address()
-    communicator = core.gloo_communicator(
-        core.python_store(prefixed), rank, world_size, prefix="default",
-        interface_name=interface, hostname=hostname, timeout_s=env.get_comm_timeout_s())
+    backend = env.get_backend()
+    if backend == "nccl":
+        reason = core.nccl_unavailable_reason()
+        if reason:
+            raise RuntimeError(f"BAGUA_BACKEND=nccl but NCCL cannot be used here: {reason}")
+        communicator = core.nccl_communicator(
+            core.python_store(prefixed), rank, world_size, prefix="default",
+            device=get_local_rank(), timeout_s=env.get_comm_timeout_s())
+    else:
+        interface, hostname = _gloo_address()
+        communicator = core.gloo_communicator(
+            core.python_store(prefixed), rank, world_size, prefix="default",
+            interface_name=interface, hostname=hostname, timeout_s=env.get_comm_timeout_s())
     _default_group = BaguaProcessGroup(list(range(world_size)), communicator, "default")
     log("info", f"rank {rank} of {world_size} connected ({communicator.backend_name}, "
                 f"local size {get_local_size()}, cuda devices {core.cuda_device_count()})")
@@ -252,11 +261,19 @@ class _HostStaged:
     before the call and the outputs copied back after it (host staging, as
     for several processes sharing one GPU over Gloo)."""
 
-    def __init__(self, inputs, outputs):
+    def __init__(self, inputs, outputs, communicator=None):
         self.inputs = inputs
         self.outputs = outputs
+        # A communicator that reaches CUDA memory (NCCL) takes the tensors as
+        # they are, once the kernels producing them have finished.
+        self.direct = communicator is not None and communicator.backend_name.startswith("nccl")
 
     def __enter__(self):
+        if self.direct:
+            for t in list(self.inputs) + list(self.outputs):
+                if t.is_cuda:
+                    torch.cuda.current_stream(t.device).synchronize()
+            return lambda t, what="tensor": tensor_view(t, what, allow_cuda=True)
         self.host = {}
         for t in list(self.inputs) + list(self.outputs):
             if id(t) not in self.host:
@@ -264,7 +281,7 @@ class _HostStaged:
         return lambda t, what="tensor": tensor_view(self.host[id(t)], what)
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
+        if exc_type is None and not self.direct:
             for t in self.outputs:
                 staged = self.host[id(t)]
                 if staged is not t:
@@ -304,7 +321,7 @@ def allreduce(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None) -> None:
             f"allreduce: send_tensor {send_tensor.dtype}{list(send_tensor.shape)} and recv_tensor "
             f"{recv_tensor.dtype}{list(recv_tensor.shape)} differ")
     _verify(c, "allreduce", send_tensor)
-    with _HostStaged([send_tensor], [recv_tensor]) as view:
+    with _HostStaged([send_tensor], [recv_tensor], c) as view:
         c.allreduce(view(send_tensor), view(recv_tensor), name)
 
 
@@ -321,7 +338,7 @@ def reduce(send_tensor, recv_tensor, dst: int, op=ReduceOp.SUM, comm=None) -> No
     if send_tensor.numel() != recv_tensor.numel() or send_tensor.dtype != recv_tensor.dtype:
         raise InvalidArgumentError("reduce: send_tensor and recv_tensor differ in size or dtype")
     _verify(c, "reduce", send_tensor, dst)
-    with _HostStaged([send_tensor], [recv_tensor]) as view:
+    with _HostStaged([send_tensor], [recv_tensor], c) as view:
         c.reduce(view(send_tensor), view(recv_tensor), dst, name)
 
 
@@ -335,7 +352,7 @@ def broadcast(tensor, src: int = 0, comm=None) -> None:
     _check([tensor], ["tensor"])
     _check_root(c, src, "broadcast: src")
     _verify(c, "broadcast", tensor, src)
-    with _HostStaged([tensor], [tensor]) as view:
+    with _HostStaged([tensor], [tensor], c) as view:
         c.broadcast(view(tensor), src)
 
 
@@ -352,7 +369,7 @@ def allgather(send_tensor, recv_tensor, comm=None) -> None:
     _check([send_tensor, recv_tensor], ["send_tensor", "recv_tensor"])
     _check_gathered("allgather", send_tensor, recv_tensor, c.size)
     _verify(c, "allgather", send_tensor)
-    with _HostStaged([send_tensor], [recv_tensor]) as view:
+    with _HostStaged([send_tensor], [recv_tensor], c) as view:
         c.allgather(view(send_tensor), view(recv_tensor))
 
 
@@ -375,7 +392,7 @@ def gather(send_tensor, recv_tensor, dst: int, comm=None) -> None:
     if c.rank == dst:
         _check_gathered("gather", send_tensor, recv_tensor, c.size)
     _verify(c, "gather", send_tensor, dst)
-    with _HostStaged([send_tensor], [recv_tensor]) as view:
+    with _HostStaged([send_tensor], [recv_tensor], c) as view:
         c.gather(view(send_tensor), view(recv_tensor), dst)
 
 
@@ -387,7 +404,7 @@ def scatter(send_tensor, recv_tensor, src: int, comm=None) -> None:
     if c.rank == src:
         _check_gathered("scatter", recv_tensor, send_tensor, c.size)
     _verify(c, "scatter", recv_tensor, src)
-    with _HostStaged([send_tensor], [recv_tensor]) as view:
+    with _HostStaged([send_tensor], [recv_tensor], c) as view:
         c.scatter(view(send_tensor), view(recv_tensor), src)
 
 
@@ -398,7 +415,7 @@ def reduce_scatter(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None) -> None
     name = _op_name(op)
     _check_gathered("reduce_scatter", recv_tensor, send_tensor, c.size)
     _verify(c, "reduce_scatter", send_tensor)
-    with _HostStaged([send_tensor], [recv_tensor]) as view:
+    with _HostStaged([send_tensor], [recv_tensor], c) as view:
         c.reduce_scatter(view(send_tensor), view(recv_tensor), name)
 
 
@@ -424,7 +441,7 @@ def alltoall(send_tensor, recv_tensor, comm=None) -> None:
         raise InvalidArgumentError(
             f"alltoall: {send_tensor.numel()} elements do not split into {c.size} equal chunks")
     _verify(c, "alltoall", send_tensor)
-    with _HostStaged([send_tensor], [recv_tensor]) as view:
+    with _HostStaged([send_tensor], [recv_tensor], c) as view:
         c.alltoall(view(send_tensor), view(recv_tensor))
 
 
@@ -439,7 +456,7 @@ def send(tensor, dst: int, comm=None) -> None:
     c = _resolve(comm)
     _check([tensor], ["tensor"])
     _check_root(c, dst, "send: dst")
-    with _HostStaged([tensor], []) as view:
+    with _HostStaged([tensor], [], c) as view:
         c.send(view(tensor), dst)
 
 
@@ -448,7 +465,7 @@ def recv(tensor, src: int, comm=None) -> None:
     c = _resolve(comm)
     _check([tensor], ["tensor"])
     _check_root(c, src, "recv: src")
-    with _HostStaged([], [tensor]) as view:
+    with _HostStaged([], [tensor], c) as view:
         c.recv(view(tensor), src)
 
 

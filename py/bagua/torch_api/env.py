@@ -49,6 +49,18 @@ def get_comm_timeout_s() -> float:
     return float(value) if value else 300.0
 
 
+def get_backend() -> str:
+    """The communication backend (BAGUA_BACKEND): "gloo" (default; CPU tensors,
+    CUDA tensors of user calls staged through host memory) or "nccl" (CUDA
+    tensors, one rank per GPU)."""
+    import os
+
+    backend = os.environ.get("BAGUA_BACKEND", "gloo").lower()
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"BAGUA_BACKEND={backend!r}: expected 'gloo' or 'nccl'")
+    return backend
+
+
 def check_collectives() -> bool:
     """Whether user-level collectives first check that every rank passed the same
     sizes (BAGUA_CHECK_COLLECTIVES, default on): a mismatch is then an error on

@@ -87,6 +87,11 @@ class BaguaTensor:
                 f"tensor '{self.name}' is not registered with a backend (is the module wrapped "
                 "with with_bagua?)")
         self._sync_registered()
+        registered = self.bagua_registered_tensor()
+        if registered.is_cuda:
+            # The communication thread reads this memory: let the kernels that
+            # produce it finish first.
+            torch.cuda.current_stream(registered.device).synchronize()
         if self._ready_callback is not None:
             self._ready_callback(self.name)
         self._backend.mark_communication_ready(self.name)
