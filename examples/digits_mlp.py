@@ -85,6 +85,8 @@ def main():
                         help="async model average: milliseconds between averaging rounds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", help="write the final metrics as JSON to this file (rank 0)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: one GPU per rank (LOCAL_RANK); with BAGUA_BACKEND=nccl")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -92,23 +94,27 @@ def main():
     rank, world = bagua.get_rank(), bagua.get_world_size()
     torch.manual_seed(args.seed)
 
-    x_train, y_train, x_test, y_test = load_data(args.seed)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", bagua.get_local_rank() % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    x_train, y_train, x_test, y_test = (t.to(device) for t in load_data(args.seed))
     shard = torch.arange(rank, len(x_train), world)  # each rank its own slice
     x_shard, y_shard = x_train[shard], y_train[shard]
 
-    model = MLP()
+    model = MLP().to(device)
     make_optimizer, make_algorithm = ALGORITHMS[args.algorithm]
     optimizer = make_optimizer(model, args)
     algorithm = make_algorithm(optimizer, args)
     model = model.with_bagua([optimizer], algorithm)
 
-    generator = torch.Generator().manual_seed(args.seed + rank)
+    generator = torch.Generator().manual_seed(args.seed + rank)  # batch order, on the CPU
     steps_per_epoch = len(x_shard) // args.batch_size
     start = time.perf_counter()
     progress = tqdm(total=args.epochs * steps_per_epoch, disable=rank != 0, desc=args.algorithm)
     for epoch in range(args.epochs):
         model.train()
-        order = torch.randperm(len(x_shard), generator=generator)
+        order = torch.randperm(len(x_shard), generator=generator).to(device)
         for step in range(steps_per_epoch):
             batch = order[step * args.batch_size:(step + 1) * args.batch_size]
             optimizer.zero_grad()
@@ -131,7 +137,7 @@ def main():
     with torch.no_grad():
         accuracy = (model(x_test).argmax(dim=1) == y_test).float().mean().item()
     # The accuracy of every rank's model, to show they agree.
-    accuracies = torch.zeros(world)
+    accuracies = torch.zeros(world)  # on the CPU: every backend can reduce it
     accuracies[rank] = accuracy
     bagua.allreduce_inplace(accuracies)
     if rank == 0:
