@@ -41,4 +41,10 @@ const char* async_average_update(void* w, const void* sum, const void* snapshot,
 // 0 when every launched kernel finished without error.
 int synchronize_device() noexcept;
 
+// Page-locked host memory and synchronous copies (cudaMemcpyDefault); each
+// returns 0 on success.
+int pinned_alloc(void** pointer, std::size_t bytes) noexcept;
+void pinned_free(void* pointer) noexcept;
+int copy(void* destination, const void* source, std::size_t bytes) noexcept;
+
 }  // namespace bagua::kernels

@@ -85,4 +85,14 @@ const char* async_average_update(void* w, const void* sum, const void* snapshot,
 
 int synchronize_device() noexcept { return cudaDeviceSynchronize() == cudaSuccess ? 0 : 1; }
 
+int pinned_alloc(void** pointer, std::size_t bytes) noexcept {
+  return cudaMallocHost(pointer, bytes) == cudaSuccess ? 0 : 1;
+}
+
+void pinned_free(void* pointer) noexcept { cudaFreeHost(pointer); }
+
+int copy(void* destination, const void* source, std::size_t bytes) noexcept {
+  return cudaMemcpy(destination, source, bytes, cudaMemcpyDefault) == cudaSuccess ? 0 : 1;
+}
+
 }  // namespace bagua::kernels

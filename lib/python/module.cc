@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bagua/bagua.h"
+#include "bagua/comm/host_staging.h"
 #include "bagua/comm/nccl_communicator.h"
 #include "bagua/core/cuda_support.h"
 #include "bagua/core/env.h"
@@ -304,7 +305,10 @@ PYBIND11_MODULE(bagua_core, m) {
             .interface_name = interface_name,
             .hostname = hostname,
             .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000))};
-        return make_gloo_communicator(std::move(store), rank, size, std::move(options));
+        auto comm = make_gloo_communicator(std::move(store), rank, size, std::move(options));
+        // With CUDA built in, CUDA buffers reach Gloo through pinned host memory.
+        return cuda_compiled() ? CommPtr(with_host_staging(std::move(comm)))
+                               : CommPtr(std::move(comm));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("prefix") = "bagua",
       py::arg("interface_name") = "", py::arg("hostname") = "", py::arg("timeout_s") = 0.0,
@@ -360,6 +364,7 @@ PYBIND11_MODULE(bagua_core, m) {
           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
              bool hierarchical, bool average, bool scattergather) {
             if (global) require_comm_supports(b, *global, "append_centralized_synchronous_op");
+            if (scattergather) require_host_bucket(b, "C_FP_S in scatter-gather form");
             b.append_op(std::make_unique<CentralizedSynchronousOp>(
                 std::move(global), std::move(hierarchy),
                 CentralizedSynchronousOptions{.hierarchical = hierarchical,

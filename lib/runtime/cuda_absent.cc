@@ -45,4 +45,12 @@ void cuda_async_average_update(const TensorView& w, const TensorView& /*sum*/,
 
 void cuda_synchronize() { throw InvalidArgument("this build of bagua has no CUDA support"); }
 
+void* cuda_pinned_alloc(std::size_t bytes) { return bytes == 0 ? nullptr : ::operator new(bytes); }
+
+void cuda_pinned_free(void* pointer) noexcept { ::operator delete(pointer); }
+
+void cuda_copy(void* /*destination*/, const void* /*source*/, std::size_t /*bytes*/) {
+  throw InvalidArgument("this build of bagua has no CUDA support: no device memory to copy");
+}
+
 }  // namespace bagua

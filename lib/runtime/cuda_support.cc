@@ -81,4 +81,23 @@ void cuda_synchronize() {
   }
 }
 
+void* cuda_pinned_alloc(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* pointer = nullptr;
+  if (kernels::pinned_alloc(&pointer, bytes) != 0) {
+    throw BackendError(fmt::format("cuda_pinned_alloc: cannot pin {} bytes of host memory", bytes));
+  }
+  return pointer;
+}
+
+void cuda_pinned_free(void* pointer) noexcept {
+  if (pointer != nullptr) kernels::pinned_free(pointer);
+}
+
+void cuda_copy(void* destination, const void* source, std::size_t bytes) {
+  if (kernels::copy(destination, source, bytes) != 0) {
+    throw BackendError(fmt::format("cuda_copy of {} bytes failed", bytes));
+  }
+}
+
 }  // namespace bagua

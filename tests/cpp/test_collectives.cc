@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "bagua/comm/communicator.h"
+#include "bagua/comm/host_staging.h"
+#include "bagua/core/cuda_support.h"
 #include "rank_threads.h"
 #include "typed_buffer.h"
 
@@ -287,4 +289,23 @@ TEST_CASE("rendezvous through Gloo's FileStore (ranks sharing a directory)") {
       },
       std::chrono::seconds(20), make_file_store(directory));
   std::filesystem::remove_all(directory);
+}
+
+TEST_CASE("host staging passes host buffers through and reports the inner counters") {
+  testing::run_ranks(3, [&](Communicator& plain) {
+    std::vector<int> all{0, 1, 2};
+    auto staged = with_host_staging(plain.new_group(all));
+    CHECK(staged->supports(DeviceType::kCPU));
+    CHECK(staged->supports(DeviceType::kCUDA) == cuda_compiled());
+    std::vector<float> x(10, static_cast<float>(staged->rank() + 1));
+    TensorView view{x.data(), 10, DType::kFloat32, {}};
+    staged->allreduce(view, view, ReduceOp::kSum);
+    for (float v : x) CHECK(v == 6.0f);
+    CHECK(staged->counters().bytes_sent == 2 * 2 * 40 / 3);
+    auto sub = staged->new_group(std::vector<int>{0, 2});
+    if (sub) {
+      CHECK(sub->size() == 2);
+      CHECK(sub->backend_name().find("staged") != std::string::npos);
+    }
+  });
 }

@@ -44,4 +44,12 @@ void cuda_async_average_update(const TensorView& w, const TensorView& sum,
 // Waits for all work on the device; throws BackendError if a kernel failed.
 void cuda_synchronize();
 
+// Host memory the GPU copies to and from at full speed (page-locked), or
+// ordinary memory in a build without CUDA; nullptr for 0 bytes.
+void* cuda_pinned_alloc(std::size_t bytes);
+void cuda_pinned_free(void* pointer) noexcept;
+
+// A synchronous copy between any two of host and device memory.
+void cuda_copy(void* destination, const void* source, std::size_t bytes);
+
 }  // namespace bagua
