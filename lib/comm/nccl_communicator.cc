@@ -392,6 +392,8 @@ class NcclCommunicator final : public Communicator {
     };
     std::vector<TensorView> d_in;
     std::vector<TensorView> d_out;
+    d_in.reserve(inputs.size());
+    d_out.reserve(outputs.size());
     for (const auto& v : inputs) d_in.push_back(on_device(v, true));
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       // An output that is also an input (in place) reuses the staged input.

@@ -67,10 +67,11 @@ __attribute__((target("avx2"))) void quantize_avx2(const float* x, std::int64_t 
   for (; i + 32 <= count; i += 32) {
     __m256i q[4];
     for (int k = 0; k < 4; ++k) {
-      __m256 code =
-          _mm256_sub_ps(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), vscale),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                        vlower);
+      __m256 code = _mm256_sub_ps(
+          _mm256_round_ps(
+              _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * static_cast<std::int64_t>(k)), vscale),
+              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+          vlower);
       code = _mm256_min_ps(_mm256_max_ps(code, zero), top);
       q[k] = _mm256_cvttps_epi32(code);
     }

@@ -1,5 +1,7 @@
 #include "bagua/runtime/backend.h"
 
+#include <utility>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -9,7 +11,7 @@
 
 namespace bagua {
 
-Backend::Backend(BackendOptions options) : options_(options) {
+Backend::Backend(BackendOptions options) : options_(std::move(options)) {
   if (options_.timeout.count() <= 0) options_.timeout = env().comm_timeout;
   thread_ = std::jthread([this](const std::stop_token& stop) { communication_loop(stop); });
 }
