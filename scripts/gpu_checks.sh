@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU checks, in one command, for a GPU machine without package registries
+# (the project's `device` machines). Run from the checkout root; logs and JSON
+# go to $OUT (default ./gpu-results).
+#
+# Before, on a machine with Debian's registry (once per checkout):
+#   echo /.devdeps/ >> .git/info/exclude && ../shared/offline-build/fetch-debs.sh .devdeps
+# then carry .devdeps to the GPU machine and run:  bash scripts/gpu_checks.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+[ -f .devdeps/device-env.sh ] && source .devdeps/device-env.sh
+PY=${PYTHON:-python3}
+
+step() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+step "build"
+meson setup build-gpu --buildtype=release -Dcuda=enabled -Dgpu_arch='80;90' > "$OUT/build.log" 2>&1 \
+  && ninja -C build-gpu >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+nvidia-smi -L | tee -a "$OUT/summary.txt"
+export PYTHONPATH=$PWD/py:$PWD/build-gpu
+
+step "C++ tests"
+./build-gpu/bagua_cpp_tests 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+
+step "GPU tests: kernels against the CPU (bit equality, reductions)"
+$PY -m pytest -q -rs tests/python/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log" | tail -3 | tee -a "$OUT/summary.txt"
+
+step "kernel bandwidth vs device-to-device copy"
+./build-gpu/bench_kernels --json "$OUT/kernel_bandwidth.json" 2>&1 | tee -a "$OUT/summary.txt"
+
+step "digits, GradientAllReduce, NCCL, 1 process"
+BAGUA_BACKEND=nccl $PY -m bagua.distributed.launch --nproc_per_node 1 examples/digits_mlp.py \
+  --device cuda --results "$OUT/digits_nccl.json" 2>&1 | grep -E "^algorithm|Error" | tee -a "$OUT/summary.txt"
+
+step "digits, GradientAllReduce, 4 processes sharing the GPU over host-staged Gloo"
+BAGUA_BACKEND=gloo $PY -m bagua.distributed.launch --nproc_per_node 4 examples/digits_mlp.py \
+  --device cuda --results "$OUT/digits_gloo_staged.json" 2>&1 | grep -E "^algorithm|Error" | tee -a "$OUT/summary.txt"
