@@ -1,21 +1,19 @@
 """ByteGrad: gradient averaging with 8-bit compression (C_LP_S).
 
-Each bucket of gradients is averaged with the paper's compressed
-scatter-reduce: MinMaxUInt8 chunks, alltoall, reduce, compress, allgather.
-About a quarter of GradientAllReduce's bytes for fp32 gradients.
+GradientAllReduce with one difference: each bucket of gradients is averaged
+with the paper's compressed scatter-reduce (MinMaxUInt8 chunks, alltoall,
+reduce, compress, allgather), about a quarter of the bytes for fp32.
 """
 
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags
+from bagua.torch_api.algorithms.gradient_allreduce import (
+    GradientAllReduceAlgorithm,
+    GradientAllReduceAlgorithmImpl,
+)
 
 __all__ = ["ByteGradAlgorithm", "ByteGradAlgorithmImpl"]
 
 
-class ByteGradAlgorithmImpl(AlgorithmImpl):
-    def __init__(self, process_group, hierarchical: bool = True, average: bool = True):
-        super().__init__(process_group)
-        self.hierarchical = hierarchical
-        self.average = average
-
+class ByteGradAlgorithmImpl(GradientAllReduceAlgorithmImpl):
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
         bucket.append_centralized_synchronous_op(
@@ -23,7 +21,7 @@ class ByteGradAlgorithmImpl(AlgorithmImpl):
             compression="MinMaxUInt8", group=self.process_group)
 
 
-class ByteGradAlgorithm(Algorithm):
+class ByteGradAlgorithm(GradientAllReduceAlgorithm):
     def __init__(self, hierarchical: bool = True, average: bool = True):
         """
         Args:
@@ -31,9 +29,7 @@ class ByteGradAlgorithm(Algorithm):
                 compress only between nodes (nodes from LOCAL_WORLD_SIZE).
             average: average (True) or sum (False) the gradients.
         """
-        check_flags("ByteGradAlgorithm", hierarchical=hierarchical, average=average)
-        self.hierarchical = hierarchical
-        self.average = average
+        super().__init__(hierarchical=hierarchical, average=average)
 
     def reify(self, process_group) -> ByteGradAlgorithmImpl:
         return ByteGradAlgorithmImpl(process_group, self.hierarchical, self.average)

@@ -29,7 +29,7 @@ class GradientAllReduceAlgorithm(Algorithm):
                 node leaders (nodes from LOCAL_WORLD_SIZE), broadcast back.
             average: average the gradients (True) or sum them (False).
         """
-        check_flags("GradientAllReduceAlgorithm", hierarchical=hierarchical, average=average)
+        check_flags(type(self).__name__, hierarchical=hierarchical, average=average)
         self.hierarchical = hierarchical
         self.average = average
 
