@@ -38,6 +38,14 @@ const char* chunked_reduce(const void* chunks, std::int64_t chunk_count,
 const char* async_average_update(void* w, const void* sum, const void* snapshot, std::int64_t numel,
                                  std::int64_t ranks, int dtype, void* stream) noexcept;
 
+// y[i] = a * x[i] + b * y[i] for floating dtypes (error feedback residuals).
+const char* axpby(double a, const void* x, double b, void* y, std::int64_t numel, int dtype,
+                  void* stream) noexcept;
+
+// to[i] = from[i] converted between any two dtypes.
+const char* convert(const void* from, int from_dtype, void* to, int to_dtype, std::int64_t numel,
+                    void* stream) noexcept;
+
 // 0 when every launched kernel finished without error.
 int synchronize_device() noexcept;
 

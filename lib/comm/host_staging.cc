@@ -1,35 +1,16 @@
 #include "bagua/comm/host_staging.h"
 
 #include <cstddef>
+#include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "bagua/core/cuda_support.h"
 #include "bagua/core/errors.h"
 
 namespace bagua {
 namespace {
-
-// A host buffer for one staged view: pinned when CUDA can pin it.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() { cuda_pinned_free(data_); }
-
-  void* reserve(std::size_t bytes) {
-    if (bytes > capacity_) {
-      cuda_pinned_free(data_);
-      data_ = cuda_pinned_alloc(bytes);
-      capacity_ = bytes;
-    }
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t capacity_ = 0;
-};
 
 class HostStagingCommunicator final : public Communicator {
  public:
@@ -51,51 +32,61 @@ class HostStagingCommunicator final : public Communicator {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->allreduce(in, s.out(recv, send, in), op);
+    s.finish();
   }
   void reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->reduce(in, s.out(recv, send, in), root, op);
+    s.finish();
   }
   void broadcast(const TensorView& buffer, int root) override {
     Staging s(*this);
     const auto in = s.in(buffer);
     s.mark_output(buffer, in);
     inner_->broadcast(in, root);
+    s.finish();
   }
   void allgather(const TensorView& send, const TensorView& recv) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->allgather(in, s.out(recv, send, in));
+    s.finish();
   }
   void gather(const TensorView& send, const TensorView& recv, int root) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->gather(in, s.out(recv, send, in), root);
+    s.finish();
   }
   void scatter(const TensorView& send, const TensorView& recv, int root) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->scatter(in, s.out(recv, send, in), root);
+    s.finish();
   }
   void reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->reduce_scatter(in, s.out(recv, send, in), op);
+    s.finish();
   }
   void alltoall(const TensorView& send, const TensorView& recv) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->alltoall(in, s.out(recv, send, in));
+    s.finish();
   }
   void send(const TensorView& buffer, int peer) override {
     Staging s(*this);
     inner_->send(s.in(buffer), peer);
+    s.finish();
   }
   void recv(const TensorView& buffer, int peer) override {
     Staging s(*this);
     const TensorView host = s.out(buffer, TensorView{}, TensorView{});
     inner_->recv(host, peer);
+    s.finish();
   }
   void send_recv(std::span<const PeerMessage> sends,
                  std::span<const PeerMessage> receives) override {
@@ -107,6 +98,7 @@ class HostStagingCommunicator final : public Communicator {
       host_receives.push_back({s.out(m.buffer, TensorView{}, TensorView{}), m.peer});
     }
     inner_->send_recv(host_sends, host_receives);
+    s.finish();
   }
   void barrier() override { inner_->barrier(); }
   void abort() noexcept override { inner_->abort(); }
@@ -115,22 +107,22 @@ class HostStagingCommunicator final : public Communicator {
     auto group = inner_->new_group(ranks);
     return group ? with_host_staging(std::move(group)) : nullptr;
   }
+  std::unique_ptr<Communicator> new_bucket_group(std::span<const int> ranks) override {
+    auto group = inner_->new_bucket_group(ranks);
+    return group ? with_host_staging(std::move(group)) : nullptr;
+  }
 
  private:
-  // The staged views of one call. Outputs on the device are copied back when
-  // the call returns normally (the destructor), then the counters follow the
-  // inner communicator's.
+  // The staged views of one call: CUDA inputs are copied into pinned host
+  // blocks (from the pool) on the communication stream, in order after the
+  // device work that produced them; `finish` copies the device outputs back
+  // and waits for the copies. The counters follow the inner communicator's.
   class Staging {
    public:
     explicit Staging(HostStagingCommunicator& owner) : owner_(owner) {}
     Staging(const Staging&) = delete;
     Staging& operator=(const Staging&) = delete;
     ~Staging() {
-      if (std::uncaught_exceptions() == 0) {
-        for (const auto& [device, host] : outputs_) {
-          if (device.nbytes() > 0) cuda_copy(device.data, host.data, device.nbytes());
-        }
-      }
       auto& mine = owner_.counters_;
       const auto& inner = owner_.inner_->counters();
       mine.bytes_sent = inner.bytes_sent.load();
@@ -142,7 +134,9 @@ class HostStagingCommunicator final : public Communicator {
     TensorView in(const TensorView& view) {
       if (view.device.type != DeviceType::kCUDA) return view;
       TensorView host = host_buffer(view);
-      if (view.nbytes() > 0) cuda_copy(host.data, view.data, view.nbytes());
+      void* stream = cuda_communication_stream(view.device.index);
+      cuda_copy_async(host.data, view.data, view.nbytes(), stream);
+      wait(stream, "copy to host");
       return host;
     }
     // A host view for the output `view`; in place (view is `input`) reuses
@@ -159,21 +153,32 @@ class HostStagingCommunicator final : public Communicator {
       if (device.device.type == DeviceType::kCUDA) outputs_.emplace_back(device, host);
     }
 
+    // After the inner call succeeded: the outputs go back to the device.
+    void finish() {
+      for (const auto& [device, host] : outputs_) {
+        void* stream = cuda_communication_stream(device.device.index);
+        cuda_copy_async(device.data, host.data, device.nbytes(), stream);
+        // Waited for before the pinned block returns to the pool.
+        wait(stream, "copy to the device");
+      }
+    }
+
    private:
     TensorView host_buffer(const TensorView& view) {
-      if (owner_.buffers_.size() <= used_)
-        owner_.buffers_.push_back(std::make_unique<PinnedBuffer>());
-      void* data = owner_.buffers_[used_++]->reserve(view.nbytes());
-      return TensorView{data, view.numel, view.dtype, Device{}};
+      blocks_.push_back(pinned_host_pool().allocate(view.nbytes()));
+      return TensorView{blocks_.back().data(), view.numel, view.dtype, Device{}};
+    }
+    void wait(void* stream, const char* what) {
+      cuda_stream_wait(stream, owner_.timeout(),
+                       fmt::format("rank {}: host staging ({})", owner_.rank(), what));
     }
 
     HostStagingCommunicator& owner_;
-    std::size_t used_ = 0;
+    std::vector<CachingAllocator::Block> blocks_;
     std::vector<std::pair<TensorView, TensorView>> outputs_;
   };
 
   std::unique_ptr<Communicator> inner_;
-  std::vector<std::unique_ptr<PinnedBuffer>> buffers_;
 };
 
 }  // namespace

@@ -116,12 +116,12 @@ class NcclCommunicator final : public Communicator {
         size_(size) {
     if (options_.timeout.count() <= 0) options_.timeout = env().comm_timeout;
     check_cuda(cudaSetDevice(options_.device), "cudaSetDevice", "connect");
-    int least = 0;
-    int greatest = 0;
-    check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest),
-               "cudaDeviceGetStreamPriorityRange", "connect");
-    check_cuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
-               "cudaStreamCreateWithPriority", "connect");
+    if (options_.communication_stream) {
+      stream_ = static_cast<cudaStream_t>(cuda_communication_stream(options_.device));
+    } else {
+      owned_stream_ = cuda_stream_create(options_.device);
+      stream_ = static_cast<cudaStream_t>(owned_stream_);
+    }
     ncclUniqueId id{};
     const std::string key = options_.prefix + "/nccl_unique_id";
     if (rank_ == 0) {
@@ -146,7 +146,7 @@ class NcclCommunicator final : public Communicator {
         log().warn("rank {}: ncclCommDestroy failed: {}", rank_, lib_.get_error_string(result));
       }
     }
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    cuda_stream_destroy(owned_stream_);
     for (void* p : scratch_) cudaFree(p);
   }
 
@@ -354,6 +354,14 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Communicator> new_group(std::span<const int> ranks) override {
+    return make_group(ranks, options_.communication_stream);
+  }
+  std::unique_ptr<Communicator> new_bucket_group(std::span<const int> ranks) override {
+    return make_group(ranks, true);
+  }
+
+ private:
+  std::unique_ptr<Communicator> make_group(std::span<const int> ranks, bool communication_stream) {
     BAGUA_CHECK_ARG(!ranks.empty(), "new_group: the rank list is empty");
     for (std::size_t i = 0; i < ranks.size(); ++i) {
       BAGUA_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size_ && (i == 0 || ranks[i] > ranks[i - 1]),
@@ -364,11 +372,11 @@ class NcclCommunicator final : public Communicator {
     if (found == ranks.end()) return nullptr;
     NcclOptions child = options_;
     child.prefix = prefix;
+    child.communication_stream = communication_stream;
     return std::make_unique<NcclCommunicator>(store_, static_cast<int>(found - ranks.begin()),
                                               static_cast<int>(ranks.size()), child);
   }
 
- private:
   // Enqueues `enqueue(device_inputs, device_outputs)` on the stream, with
   // host buffers staged through device scratch memory, then waits for the
   // stream within the timeout (aborting the communicator past it).
@@ -509,6 +517,7 @@ class NcclCommunicator final : public Communicator {
   int size_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  void* owned_stream_ = nullptr;  // a dedicated stream, else null
   int group_counter_ = 0;
   std::atomic<bool> aborted_{false};
   std::vector<void*> scratch_;

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,8 @@ namespace {
 // Ops other than C_FP_S compute on the bucket's memory with CPU loops.
 void require_host_bucket(const Bucket& b, const char* op) {
   BAGUA_CHECK_ARG(b.device().type == DeviceType::kCPU,
-                  "{} runs on CPU tensors; bucket '{}' is on {} (CUDA buckets support the "
-                  "full-precision centralized op over NCCL in this version)",
+                  "{} runs on CPU tensors; bucket '{}' is on {} (on CUDA buckets this version "
+                  "runs the centralized ops, full precision and MinMaxUInt8)",
                   op, b.name(), b.device().str());
 }
 
@@ -290,6 +291,12 @@ PYBIND11_MODULE(bagua_core, m) {
           "new_group",
           [](Communicator& c, std::vector<int> ranks) -> CommPtr { return c.new_group(ranks); },
           release)
+      .def(
+          "new_bucket_group",
+          [](Communicator& c, std::vector<int> ranks) -> CommPtr {
+            return c.new_bucket_group(ranks);
+          },
+          release)
       .def_property_readonly("bytes_sent",
                              [](const Communicator& c) { return c.counters().bytes_sent.load(); })
       .def_property_readonly("calls",
@@ -364,7 +371,6 @@ PYBIND11_MODULE(bagua_core, m) {
           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
              bool hierarchical, bool average, bool scattergather) {
             if (global) require_comm_supports(b, *global, "append_centralized_synchronous_op");
-            if (scattergather) require_host_bucket(b, "C_FP_S in scatter-gather form");
             b.append_op(std::make_unique<CentralizedSynchronousOp>(
                 std::move(global), std::move(hierarchy),
                 CentralizedSynchronousOptions{.hierarchical = hierarchical,
@@ -377,7 +383,7 @@ PYBIND11_MODULE(bagua_core, m) {
           "append_centralized_low_precision_op",
           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
              bool hierarchical, bool average, bool error_feedback) {
-            require_host_bucket(b, "C_LP_S (compression)");
+            if (global) require_comm_supports(b, *global, "append_centralized_low_precision_op");
             b.append_op(std::make_unique<CentralizedLowPrecisionOp>(
                 std::move(global), std::move(hierarchy), b.dtype(),
                 CentralizedLowPrecisionOptions{.hierarchical = hierarchical,
@@ -498,7 +504,18 @@ PYBIND11_MODULE(bagua_core, m) {
            }),
            py::arg("rank"), py::arg("timeout_s") = 0.0, py::arg("timeline") = nullptr)
       .def("register_ordered_buckets", &Backend::register_ordered_buckets)
-      .def("mark_communication_ready", &Backend::mark_communication_ready)
+      // cuda_stream: for a CUDA tensor, the producing stream as an integer
+      // (torch.cuda.current_stream().cuda_stream; 0 is the default stream).
+      .def(
+          "mark_communication_ready",
+          [](Backend& backend, const std::string& name, std::optional<std::uintptr_t> stream) {
+            if (stream) {
+              backend.mark_communication_ready_on_stream(name, reinterpret_cast<void*>(*stream));
+            } else {
+              backend.mark_communication_ready(name);
+            }
+          },
+          py::arg("name"), py::arg("cuda_stream") = std::nullopt)
       .def("mark_remaining_ready", &Backend::mark_remaining_ready)
       .def("wait_pending_comm_ops", &Backend::wait_pending_comm_ops, release)
       .def("last_ready_order", &Backend::last_ready_order)

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bagua/core/cuda_support.h"
 #include "bagua/core/env.h"
 #include "bagua/core/errors.h"
 #include "bagua/core/logging.h"
@@ -45,6 +46,11 @@ void Backend::register_ordered_buckets(std::vector<std::shared_ptr<Bucket>> buck
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     tensor_ready_[b].assign(buckets_[b]->tensors().size(), false);
   }
+  ready_events_.clear();
+  ready_events_.resize(buckets_.size());
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    ready_events_[b].resize(buckets_[b]->tensors().size());
+  }
   ready_count_.assign(buckets_.size(), 0);
   op_stats_.assign(buckets_.size(), {});
   next_to_schedule_ = 0;
@@ -58,7 +64,14 @@ void Backend::mark_communication_ready(const std::string& tensor_name) {
   mark_locked(tensor_name, lock);
 }
 
-void Backend::mark_locked(const std::string& tensor_name, std::unique_lock<std::mutex>& lock) {
+void Backend::mark_communication_ready_on_stream(const std::string& tensor_name,
+                                                 void* cuda_stream) {
+  std::unique_lock lock(mutex_);
+  mark_locked(tensor_name, lock, &cuda_stream);
+}
+
+void Backend::mark_locked(const std::string& tensor_name, std::unique_lock<std::mutex>& lock,
+                          const void* const* cuda_stream) {
   rethrow_if_failed_locked();
   const auto found = slots_.find(tensor_name);
   BAGUA_CHECK_ARG(found != slots_.end(), "rank {}: tensor '{}' is not in any registered bucket",
@@ -68,6 +81,13 @@ void Backend::mark_locked(const std::string& tensor_name, std::unique_lock<std::
                   "rank {}: tensor '{}' of bucket '{}' was marked ready twice in one iteration "
                   "(missing wait_pending_comm_ops?)",
                   options_.rank, tensor_name, buckets_[b]->name());
+  const Device device = buckets_[b]->device();
+  if (cuda_stream != nullptr && device.type == DeviceType::kCUDA) {
+    // Record where the producing stream is now; the bucket's ops wait for it.
+    auto event = cuda_event_pool(device.index).acquire();
+    cuda_event_record(event.get(), const_cast<void*>(*cuda_stream));
+    ready_events_[b][t] = std::move(event);
+  }
   tensor_ready_[b][t] = true;
   ready_count_[b] += 1;
   ready_order_.push_back(tensor_name);
@@ -196,55 +216,7 @@ void Backend::communication_loop(const std::stop_token& stop) {
     auto bucket = buckets_[index];
     running_bucket_ = bucket->name();
     lock.unlock();
-    std::exception_ptr failure;
-    std::string failed_op;
-    for (std::size_t op_index = 0; op_index < bucket->ops().size(); ++op_index) {
-      const auto& op = bucket->ops()[op_index];
-      {
-        std::lock_guard guard(mutex_);
-        running_op_ = std::string(op->name());
-      }
-      try {
-        const auto start = std::chrono::steady_clock::now();
-        const std::int64_t start_us = options_.timeline ? options_.timeline->now_us() : 0;
-        const std::int64_t bytes_before = op->bytes_sent();
-        op->execute(*bucket);
-        const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-        if (options_.timeline) {
-          options_.timeline->span(std::string(op->name()), "comm_op", Timeline::kCommunicationLane,
-                                  start_us, options_.timeline->now_us(),
-                                  {{"bucket", bucket->name()},
-                                   {"bytes_sent", op->bytes_sent() - bytes_before},
-                                   {"bucket_bytes", bucket->nbytes()}});
-        }
-        std::lock_guard guard(mutex_);
-        auto& stats = op_stats_[index];
-        if (stats.size() < bucket->ops().size()) stats.resize(bucket->ops().size());
-        stats[op_index].executions += 1;
-        stats[op_index].total_seconds += took.count();
-      } catch (const Error& e) {
-        failure = std::current_exception();
-        failed_op = std::string(op->name());
-        log().error("rank {}: op '{}' of bucket '{}' failed: {}", options_.rank, failed_op,
-                    bucket->name(), e.what());
-        // Name where it happened, keeping the original error type.
-        const std::string where = fmt::format("rank {}: op '{}' of bucket '{}': ", options_.rank,
-                                              failed_op, bucket->name());
-        if (dynamic_cast<const TimeoutError*>(&e)) {
-          failure = std::make_exception_ptr(TimeoutError(where + e.what()));
-        } else if (dynamic_cast<const InvalidArgument*>(&e)) {
-          failure = std::make_exception_ptr(InvalidArgument(where + e.what()));
-        } else {
-          failure = std::make_exception_ptr(BackendError(where + e.what()));
-        }
-        break;
-      } catch (const std::exception& e) {
-        failure = std::make_exception_ptr(
-            BackendError(fmt::format("rank {}: op '{}' of bucket '{}' failed: {}", options_.rank,
-                                     op->name(), bucket->name(), e.what())));
-        break;
-      }
-    }
+    const std::exception_ptr failure = run_bucket(index, *bucket);
     lock.lock();
     running_bucket_.clear();
     running_op_.clear();
@@ -254,6 +226,87 @@ void Backend::communication_loop(const std::stop_token& stop) {
     changed_.notify_all();
     lock.lock();
   }
+}
+
+std::exception_ptr Backend::run_bucket(std::size_t index, Bucket& bucket) {
+  const Device device = bucket.device();
+  void* stream = nullptr;
+  std::vector<EventPool::Lease> events;
+  if (device.type == DeviceType::kCUDA) {
+    {
+      std::lock_guard guard(mutex_);
+      events = std::move(ready_events_[index]);
+      ready_events_[index].clear();
+      ready_events_[index].resize(bucket.tensors().size());
+    }
+    try {
+      cuda_set_device(device.index);
+      stream = cuda_communication_stream(device.index);
+      for (const auto& event : events) {
+        if (event) cuda_stream_wait_event(stream, event.get());
+      }
+    } catch (const std::exception& e) {
+      return annotate(e, "wait for ready events", bucket);
+    }
+  }
+  for (std::size_t op_index = 0; op_index < bucket.ops().size(); ++op_index) {
+    const auto& op = bucket.ops()[op_index];
+    {
+      std::lock_guard guard(mutex_);
+      running_op_ = std::string(op->name());
+    }
+    try {
+      const auto start = std::chrono::steady_clock::now();
+      const std::int64_t start_us = options_.timeline ? options_.timeline->now_us() : 0;
+      const std::int64_t bytes_before = op->bytes_sent();
+      op->execute(bucket);
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      if (options_.timeline) {
+        options_.timeline->span(std::string(op->name()), "comm_op", Timeline::kCommunicationLane,
+                                start_us, options_.timeline->now_us(),
+                                {{"bucket", bucket.name()},
+                                 {"bytes_sent", op->bytes_sent() - bytes_before},
+                                 {"bucket_bytes", bucket.nbytes()}});
+      }
+      std::lock_guard guard(mutex_);
+      auto& stats = op_stats_[index];
+      if (stats.size() < bucket.ops().size()) stats.resize(bucket.ops().size());
+      stats[op_index].executions += 1;
+      stats[op_index].total_seconds += took.count();
+    } catch (const std::exception& e) {
+      return annotate(e, op->name(), bucket);
+    }
+  }
+  if (stream != nullptr) {
+    // The ops' device work is enqueued; the results must be in memory before
+    // the training thread reads them (and before the events are reused).
+    try {
+      cuda_stream_wait(stream, options_.timeout,
+                       fmt::format("rank {}: device work of bucket '{}'", options_.rank,
+                                   bucket.name()));
+    } catch (const std::exception& e) {
+      return annotate(e, "wait for the communication stream", bucket);
+    }
+  }
+  return nullptr;
+}
+
+std::exception_ptr Backend::annotate(const std::exception& e, std::string_view op,
+                                     const Bucket& bucket) const {
+  log().error("rank {}: op '{}' of bucket '{}' failed: {}", options_.rank, op, bucket.name(),
+              e.what());
+  // Name where it happened, keeping the original error type.
+  const std::string message =
+      fmt::format("rank {}: op '{}' of bucket '{}': {}", options_.rank, op, bucket.name(), e.what());
+  if (dynamic_cast<const TimeoutError*>(&e)) {
+    return std::make_exception_ptr(TimeoutError(message));
+  }
+  if (dynamic_cast<const InvalidArgument*>(&e)) {
+    return std::make_exception_ptr(InvalidArgument(message));
+  }
+  if (dynamic_cast<const Error*>(&e)) return std::make_exception_ptr(BackendError(message));
+  return std::make_exception_ptr(BackendError(fmt::format(
+      "rank {}: op '{}' of bucket '{}' failed: {}", options_.rank, op, bucket.name(), e.what())));
 }
 
 }  // namespace bagua

@@ -2,6 +2,8 @@
 // or no nvcc): the runtime reports no devices and stays on the CPU path.
 #include "bagua/core/cuda_support.h"
 
+#include "bagua/core/compute.h"
+
 namespace bagua {
 namespace {
 
@@ -51,6 +53,59 @@ void cuda_pinned_free(void* pointer) noexcept { ::operator delete(pointer); }
 
 void cuda_copy(void* /*destination*/, const void* /*source*/, std::size_t /*bytes*/) {
   throw InvalidArgument("this build of bagua has no CUDA support: no device memory to copy");
+}
+
+namespace {
+
+[[noreturn]] void no_cuda(std::string_view call) {
+  throw InvalidArgument(fmt::format("{}: this build of bagua has no CUDA support", call));
+}
+
+}  // namespace
+
+void cuda_set_device(int /*device*/) { no_cuda("cuda_set_device"); }
+void* cuda_communication_stream(int /*device*/) { no_cuda("cuda_communication_stream"); }
+void* cuda_stream_create(int /*device*/) { no_cuda("cuda_stream_create"); }
+void cuda_stream_destroy(void* /*stream*/) noexcept {}
+void cuda_stream_wait(void* /*stream*/, std::chrono::milliseconds /*timeout*/,
+                      std::string_view /*what*/) {
+  no_cuda("cuda_stream_wait");
+}
+void* cuda_event_create(int /*device*/) { no_cuda("cuda_event_create"); }
+void cuda_event_destroy(void* /*event*/) noexcept {}
+void cuda_event_record(void* /*event*/, void* /*stream*/) { no_cuda("cuda_event_record"); }
+void cuda_stream_wait_event(void* /*stream*/, void* /*event*/) {
+  no_cuda("cuda_stream_wait_event");
+}
+EventPool& cuda_event_pool(int /*device*/) { no_cuda("cuda_event_pool"); }
+CachingAllocator& cuda_device_pool(int /*device*/) { no_cuda("cuda_device_pool"); }
+
+CachingAllocator& pinned_host_pool() {
+  static auto* pool = new CachingAllocator(
+      "host staging pool", [](std::size_t bytes) { return ::operator new(bytes); },
+      [](void* pointer) { ::operator delete(pointer); });
+  return *pool;
+}
+
+void cuda_copy_async(void* /*destination*/, const void* /*source*/, std::size_t /*bytes*/,
+                     void* /*stream*/) {
+  no_cuda("cuda_copy_async");
+}
+void cuda_zero_async(void* /*destination*/, std::size_t /*bytes*/, void* /*stream*/) {
+  no_cuda("cuda_zero_async");
+}
+void cuda_axpby(double /*a*/, const TensorView& /*x*/, double /*b*/, const TensorView& y,
+                void* /*stream*/) {
+  no_cuda(y);
+}
+void cuda_convert(const TensorView& /*from*/, const TensorView& to, void* /*stream*/) {
+  no_cuda(to);
+}
+
+std::unique_ptr<Compute> make_cuda_compute(int device) {
+  throw InvalidArgument(
+      fmt::format("cuda:{}: this build of bagua has no CUDA support (rebuild with nvcc available)",
+                  device));
 }
 
 }  // namespace bagua

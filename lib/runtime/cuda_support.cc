@@ -2,7 +2,16 @@
 // launchers, converting their status into the runtime's exceptions.
 #include "bagua/core/cuda_support.h"
 
+#include "bagua/core/compute.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "launchers.h"
 
@@ -98,6 +107,230 @@ void cuda_copy(void* destination, const void* source, std::size_t bytes) {
   if (kernels::copy(destination, source, bytes) != 0) {
     throw BackendError(fmt::format("cuda_copy of {} bytes failed", bytes));
   }
+}
+
+// --- Streams, events and pools ---------------------------------------------
+
+namespace {
+
+void check(cudaError_t status, std::string_view call, std::string_view what = {}) {
+  if (status != cudaSuccess) {
+    throw BackendError(fmt::format("{}{}{} failed: {}", what, what.empty() ? "" : ": ", call,
+                                   cudaGetErrorString(status)));
+  }
+}
+
+// Per-device singletons (streams, pools) for up to kMaxDevices GPUs, created
+// on first use and never destroyed: ops holding pooled blocks may be freed
+// during interpreter shutdown, after static destructors would have run.
+constexpr int kMaxDevices = 64;
+
+int checked_device(int device) {
+  BAGUA_CHECK_ARG(device >= 0 && device < kMaxDevices && device < cuda_device_count(),
+                  "CUDA device {} does not exist ({} visible)", device, cuda_device_count());
+  return device;
+}
+
+template <typename T, typename Make>
+T& per_device(std::array<std::unique_ptr<T>, kMaxDevices>& slots, int device, Make&& make) {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  auto& slot = slots[static_cast<std::size_t>(checked_device(device))];
+  if (!slot) slot = make();
+  return *slot;
+}
+
+// Owns one stream; the stream outlives every user (destroyed at exit).
+struct OwnedStream {
+  void* stream = nullptr;
+};
+
+}  // namespace
+
+void cuda_set_device(int device) { check(cudaSetDevice(checked_device(device)), "cudaSetDevice"); }
+
+void* cuda_stream_create(int device) {
+  cuda_set_device(device);
+  int least = 0;
+  int greatest = 0;
+  check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest),
+        "cudaStreamCreateWithPriority");
+  return stream;
+}
+
+void cuda_stream_destroy(void* stream) noexcept {
+  if (stream != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+void* cuda_communication_stream(int device) {
+  static auto* streams = new std::array<std::unique_ptr<OwnedStream>, kMaxDevices>();
+  return per_device(*streams, device, [&] {
+           return std::make_unique<OwnedStream>(OwnedStream{cuda_stream_create(device)});
+         }).stream;
+}
+
+void cuda_stream_wait(void* stream, std::chrono::milliseconds timeout, std::string_view what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::microseconds(5);
+  while (true) {
+    const cudaError_t state = cudaStreamQuery(static_cast<cudaStream_t>(stream));
+    if (state == cudaSuccess) return;
+    if (state != cudaErrorNotReady) check(state, "cudaStreamQuery", what);
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw TimeoutError(fmt::format("{}: the device work did not finish within {} ms", what,
+                                     timeout.count()));
+    }
+    // Short waits stay responsive; long ones back off to spare the CPU.
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(200));
+  }
+}
+
+void* cuda_event_create(int device) {
+  cuda_set_device(device);
+  cudaEvent_t event = nullptr;
+  check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  return event;
+}
+
+void cuda_event_destroy(void* event) noexcept {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void cuda_event_record(void* event, void* stream) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+        "cudaEventRecord");
+}
+
+void cuda_stream_wait_event(void* stream, void* event) {
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+        "cudaStreamWaitEvent");
+}
+
+EventPool& cuda_event_pool(int device) {
+  static auto* pools = new std::array<std::unique_ptr<EventPool>, kMaxDevices>();
+  return per_device(*pools, device, [&] {
+    return std::make_unique<EventPool>([device] { return cuda_event_create(device); },
+                                       [](void* event) { cuda_event_destroy(event); });
+  });
+}
+
+CachingAllocator& cuda_device_pool(int device) {
+  static auto* pools = new std::array<std::unique_ptr<CachingAllocator>, kMaxDevices>();
+  return per_device(*pools, device, [&] {
+    return std::make_unique<CachingAllocator>(
+        fmt::format("cuda:{} scratch pool", device),
+        [device](std::size_t bytes) {
+          cuda_set_device(device);
+          void* pointer = nullptr;
+          check(cudaMalloc(&pointer, bytes), "cudaMalloc");
+          return pointer;
+        },
+        [](void* pointer) { cudaFree(pointer); });
+  });
+}
+
+CachingAllocator& pinned_host_pool() {
+  // Never destroyed: blocks may be returned during static destruction.
+  static auto* pool = new CachingAllocator(
+      "pinned host pool", [](std::size_t bytes) { return cuda_pinned_alloc(bytes); },
+      [](void* pointer) { cuda_pinned_free(pointer); });
+  return *pool;
+}
+
+void cuda_copy_async(void* destination, const void* source, std::size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault,
+                        static_cast<cudaStream_t>(stream)),
+        "cudaMemcpyAsync");
+}
+
+void cuda_zero_async(void* destination, std::size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  check(cudaMemsetAsync(destination, 0, bytes, static_cast<cudaStream_t>(stream)),
+        "cudaMemsetAsync");
+}
+
+void cuda_axpby(double a, const TensorView& x, double b, const TensorView& y, void* stream) {
+  BAGUA_CHECK_ARG(x.device.type == DeviceType::kCUDA && y.device.type == DeviceType::kCUDA &&
+                      x.numel == y.numel && x.dtype == y.dtype && is_floating_point(x.dtype),
+                  "cuda_axpby needs two CUDA tensors of one floating dtype and size, got {} and {}",
+                  x.describe(), y.describe());
+  if (const char* error = kernels::axpby(a, x.data, b, y.data, y.numel,
+                                         static_cast<int>(y.dtype), stream)) {
+    throw BackendError("cuda_axpby on " + y.describe() + ": " + error);
+  }
+}
+
+void cuda_convert(const TensorView& from, const TensorView& to, void* stream) {
+  BAGUA_CHECK_ARG(from.device.type == DeviceType::kCUDA && to.device.type == DeviceType::kCUDA &&
+                      from.numel == to.numel,
+                  "cuda_convert needs two CUDA tensors of one size, got {} and {}",
+                  from.describe(), to.describe());
+  if (const char* error = kernels::convert(from.data, static_cast<int>(from.dtype), to.data,
+                                           static_cast<int>(to.dtype), to.numel, stream)) {
+    throw BackendError("cuda_convert to " + to.describe() + ": " + error);
+  }
+}
+
+// --- Compute on the device ---------------------------------------------------
+
+namespace {
+
+class CudaCompute final : public Compute {
+ public:
+  explicit CudaCompute(int device)
+      : device_(device), stream_(cuda_communication_stream(device)) {
+    // The calling thread (the communication thread) launches on this device.
+    cuda_set_device(device);
+  }
+
+  Device device() const override { return Device{DeviceType::kCUDA, device_}; }
+
+  CachingAllocator::Block scratch(std::size_t bytes) override {
+    return cuda_device_pool(device_).allocate(bytes);
+  }
+  void copy(void* destination, const void* source, std::size_t bytes) override {
+    cuda_copy_async(destination, source, bytes, stream_);
+  }
+  void zero(void* destination, std::size_t bytes) override {
+    cuda_zero_async(destination, bytes, stream_);
+  }
+  void convert(const TensorView& from, const TensorView& to) override {
+    if (from.dtype == to.dtype) {
+      copy(to.data, from.data, to.nbytes());
+      return;
+    }
+    cuda_convert(from, to, stream_);
+  }
+  void compress(const TensorView& x, std::int64_t chunk_elements, std::byte* out) override {
+    cuda_minmax_uint8_compress(x, chunk_elements, out, stream_);
+  }
+  void decompress(const std::byte* in, std::int64_t chunk_elements, const TensorView& out,
+                  bool accumulate) override {
+    cuda_minmax_uint8_decompress(in, chunk_elements, out, accumulate, stream_);
+  }
+  void divide(const TensorView& x, std::int64_t divisor) override {
+    cuda_divide_inplace(x, divisor, stream_);
+  }
+  void axpby(double a, const TensorView& x, double b, const TensorView& y) override {
+    cuda_axpby(a, x, b, y, stream_);
+  }
+  void finish(std::string_view what, std::chrono::milliseconds timeout) override {
+    cuda_stream_wait(stream_, timeout, what);
+  }
+
+ private:
+  int device_;
+  void* stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compute> make_cuda_compute(int device) {
+  return std::make_unique<CudaCompute>(device);
 }
 
 }  // namespace bagua

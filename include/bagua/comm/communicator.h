@@ -84,6 +84,15 @@ class Communicator {
   // rank r is ranks[r]; non-members get nullptr.
   virtual std::unique_ptr<Communicator> new_group(std::span<const int> ranks) = 0;
 
+  // Like new_group, for the buckets' ops on the communication thread: a
+  // backend with device streams puts the group's collectives on the device's
+  // communication stream (cuda_support.h), in order with the ops' kernels and
+  // ready-event waits. Other groups keep streams of their own, so calls made
+  // concurrently from other threads never queue behind the buckets'.
+  virtual std::unique_ptr<Communicator> new_bucket_group(std::span<const int> ranks) {
+    return new_group(ranks);
+  }
+
   // Collective: checks that every rank passes the same op, element count and
   // dtype (and root), so a mismatch is an InvalidArgument on every rank rather
   // than a hang or garbage. Costs one small allgather.

@@ -5,8 +5,13 @@
 // one GPU: NCCL refuses two ranks on one device, Gloo over staged buffers
 // does not mind.
 //
-// The copies are synchronous (they finish before the call returns), so the
-// results are on the device when the call returns, like the NCCL backend's.
+// The copies run on the device's communication stream, so they start after
+// the device work already enqueued there (a comm op's compression kernels,
+// the waits on the tensors' ready events), and the host waits for them
+// (within the communicator's timeout) before the transfer and before the
+// call returns: results are on the device when the call returns, like the
+// NCCL backend's. Host buffers are pinned blocks from pinned_host_pool(),
+// reused from call to call.
 #pragma once
 
 #include <memory>

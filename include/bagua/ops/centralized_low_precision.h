@@ -25,6 +25,7 @@
 
 #include "bagua/comm/communicator.h"
 #include "bagua/compression/compressor.h"
+#include "bagua/core/compute.h"
 #include "bagua/ops/comm_op.h"
 #include "bagua/runtime/bucket.h"
 
@@ -53,116 +54,117 @@ class CentralizedLowPrecisionOp final : public CommOp {
   void execute(Bucket& bucket) override {
     const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
                                   hierarchy_ ? hierarchy_->inter.get() : nullptr});
+    if (!compute_ || compute_->device() != bucket.device()) compute_ = compute_for(bucket.device());
+    Compute& c = *compute_;
     bucket.with_flat_view([&](const TensorView& data) {
+      if (data.numel == 0) return;
       if (!options_.hierarchical) {
-        scatter_reduce(*global_, data, options_.average);
+        scatter_reduce(c, *global_, data, options_.average);
         return;
       }
       auto& intra = *hierarchy_->intra;
       intra.reduce(data, data, 0, ReduceOp::kSum);
-      if (hierarchy_->is_leader()) scatter_reduce(*hierarchy_->inter, data, false);
+      if (hierarchy_->is_leader()) scatter_reduce(c, *hierarchy_->inter, data, false);
       intra.broadcast(data, 0);
-      if (options_.average) divide_inplace(data, global_->size());
+      if (options_.average) c.divide(data, global_->size());
     });
   }
 
  private:
-  void scatter_reduce(Communicator& comm, const TensorView& data, bool average) {
+  // Written once for host and device: every step is a Compute call (loops on
+  // the host, kernels on the communication stream on a GPU), so on a GPU the
+  // tensors are compressed before they reach the communicator and only the
+  // compressed bytes are staged or sent.
+  void scatter_reduce(Compute& c, Communicator& comm, const TensorView& data, bool average) {
     namespace q = minmax_uint8;
     const std::int64_t n = comm.size();
     const std::int64_t chunk = (data.numel + n - 1) / n;
     const std::size_t chunk_bytes = q::compressed_bytes(chunk);
+    const std::size_t all_bytes = chunk_bytes * static_cast<std::size_t>(n);
 
     // fp32 working copy, padded with zeros to n * chunk.
-    work_.assign(static_cast<std::size_t>(chunk * n), 0.0f);
-    TensorView work{work_.data(), chunk * n, DType::kFloat32, data.device};
-    dispatch_dtype(data.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      for (std::int64_t i = 0; i < data.numel; ++i) {
-        work_[static_cast<std::size_t>(i)] = static_cast<float>(load(data.data_as<T>()[i]));
-      }
-    });
-    if (options_.error_feedback) add_residual(worker_error_, work_);
+    const auto work_block = c.scratch(static_cast<std::size_t>(chunk * n) * sizeof(float));
+    const TensorView work = c.view(work_block, chunk * n, DType::kFloat32);
+    c.convert(data, work.slice(0, data.numel));
+    c.zero(work.slice(data.numel, chunk * n - data.numel).data,
+           static_cast<std::size_t>(chunk * n - data.numel) * sizeof(float));
+    if (options_.error_feedback) add_residual(c, worker_error_, work);
 
-    outgoing_.resize(chunk_bytes * static_cast<std::size_t>(n));
-    incoming_.resize(outgoing_.size());
-    for (std::int64_t j = 0; j < n; ++j) {
-      q::compress_view(work.slice(j * chunk, chunk), outgoing_.data() + j * chunk_bytes);
-    }
+    const auto outgoing = c.scratch(all_bytes);
+    const auto incoming = c.scratch(all_bytes);
+    c.compress(work, chunk, bytes_of(outgoing));
     if (options_.error_feedback) {
-      keep_residual(worker_error_, work_, [&](std::vector<float>& decoded) {
-        for (std::int64_t j = 0; j < n; ++j) {
-          q::decompress_view(outgoing_.data() + j * chunk_bytes,
-                             TensorView{decoded.data() + j * chunk, chunk, DType::kFloat32, {}},
-                             false);
-        }
+      keep_residual(c, worker_error_, work, [&](const TensorView& decoded) {
+        c.decompress(bytes_of(outgoing), chunk, decoded, false);
       });
     }
-    comm.alltoall(bytes_view(outgoing_), bytes_view(incoming_));
+    comm.alltoall(byte_view(c, outgoing, all_bytes), byte_view(c, incoming, all_bytes));
 
-    reduced_.assign(static_cast<std::size_t>(chunk), 0.0f);
-    TensorView mine{reduced_.data(), chunk, DType::kFloat32, data.device};
+    const auto reduced_block = c.scratch(static_cast<std::size_t>(chunk) * sizeof(float));
+    const TensorView reduced = c.view(reduced_block, chunk, DType::kFloat32);
+    c.zero(reduced.data, reduced.nbytes());
     for (std::int64_t j = 0; j < n; ++j) {
-      q::decompress_view(incoming_.data() + j * chunk_bytes, mine, true);
+      c.decompress(bytes_of(incoming) + static_cast<std::size_t>(j) * chunk_bytes, chunk, reduced,
+                   true);
     }
-    if (average) divide_inplace(mine, n);
-    if (options_.error_feedback) add_residual(server_error_, reduced_);
+    if (average) c.divide(reduced, n);
+    if (options_.error_feedback) add_residual(c, server_error_, reduced);
 
-    compressed_mine_.resize(chunk_bytes);
-    q::compress_view(mine, compressed_mine_.data());
+    const auto mine = c.scratch(chunk_bytes);
+    c.compress(reduced, chunk, bytes_of(mine));
     if (options_.error_feedback) {
-      keep_residual(server_error_, reduced_, [&](std::vector<float>& decoded) {
-        q::decompress_view(compressed_mine_.data(),
-                           TensorView{decoded.data(), chunk, DType::kFloat32, {}}, false);
+      keep_residual(c, server_error_, reduced, [&](const TensorView& decoded) {
+        c.decompress(bytes_of(mine), chunk, decoded, false);
       });
     }
-    comm.allgather(bytes_view(compressed_mine_), bytes_view(incoming_));
+    comm.allgather(byte_view(c, mine, chunk_bytes), byte_view(c, incoming, all_bytes));
 
-    for (std::int64_t j = 0; j < n; ++j) {
-      q::decompress_view(incoming_.data() + j * chunk_bytes, work.slice(j * chunk, chunk), false);
-    }
-    dispatch_dtype(data.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      for (std::int64_t i = 0; i < data.numel; ++i) {
-        data.data_as<T>()[i] =
-            store<T>(static_cast<compute_type_t<T>>(work_[static_cast<std::size_t>(i)]));
-      }
-    });
+    c.decompress(bytes_of(incoming), chunk, work, false);
+    c.convert(work.slice(0, data.numel), data);
   }
 
-  static TensorView bytes_view(std::vector<std::byte>& buffer) {
-    return TensorView{buffer.data(), static_cast<std::int64_t>(buffer.size()), DType::kUInt8, {}};
+  static std::byte* bytes_of(const CachingAllocator::Block& block) {
+    return static_cast<std::byte*>(block.data());
   }
+  static TensorView byte_view(const Compute& c, const CachingAllocator::Block& block,
+                              std::size_t bytes) {
+    return c.view(block, static_cast<std::int64_t>(bytes), DType::kUInt8);
+  }
+
+  // A residual kept across steps, on the bucket's device.
+  struct Residual {
+    CachingAllocator::Block block;
+    std::int64_t numel = 0;
+    TensorView view(const Compute& c) const { return c.view(block, numel, DType::kFloat32); }
+  };
 
   // values += residual (a residual of another size, e.g. after re-bucketing,
-  // is dropped).
-  static void add_residual(std::vector<float>& residual, std::vector<float>& values) {
-    if (residual.size() != values.size()) {
-      residual.assign(values.size(), 0.0f);
+  // is dropped and restarts at zero).
+  static void add_residual(Compute& c, Residual& residual, const TensorView& values) {
+    if (residual.numel != values.numel || residual.block.data() == nullptr) {
+      residual.block = c.scratch(values.nbytes());
+      residual.numel = values.numel;
+      c.zero(residual.block.data(), values.nbytes());
       return;
     }
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] += residual[i];
+    c.axpby(1.0, residual.view(c), 1.0, values);
   }
 
-  // residual = values - decode(encode(values)), decode filling its argument.
+  // residual = values - decode(encode(values)), `decode` filling its argument.
   template <typename DecodeFn>
-  static void keep_residual(std::vector<float>& residual, const std::vector<float>& values,
+  static void keep_residual(Compute& c, Residual& residual, const TensorView& values,
                             DecodeFn&& decode) {
-    residual.resize(values.size());
-    decode(residual);
-    for (std::size_t i = 0; i < values.size(); ++i) residual[i] = values[i] - residual[i];
+    const TensorView r = residual.view(c);
+    decode(r);
+    c.axpby(1.0, values, -1.0, r);
   }
 
   std::shared_ptr<Communicator> global_;
   std::shared_ptr<HierarchicalComms> hierarchy_;
   CentralizedLowPrecisionOptions options_;
-  std::vector<float> work_;
-  std::vector<float> reduced_;
-  std::vector<float> worker_error_;
-  std::vector<float> server_error_;
-  std::vector<std::byte> outgoing_;
-  std::vector<std::byte> incoming_;
-  std::vector<std::byte> compressed_mine_;
+  std::unique_ptr<Compute> compute_;
+  Residual worker_error_;
+  Residual server_error_;
 };
 
 }  // namespace bagua

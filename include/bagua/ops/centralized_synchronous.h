@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "bagua/comm/communicator.h"
-#include "bagua/core/elementwise.h"
+#include "bagua/core/compute.h"
 #include "bagua/ops/comm_op.h"
 #include "bagua/runtime/bucket.h"
 
@@ -42,6 +42,7 @@ class CentralizedSynchronousOp final : public CommOp {
   void execute(Bucket& bucket) override {
     const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
                                   hierarchy_ ? hierarchy_->inter.get() : nullptr});
+    if (!compute_ || compute_->device() != bucket.device()) compute_ = compute_for(bucket.device());
     bucket.with_flat_view([&](const TensorView& data) {
       if (!options_.hierarchical) {
         reduce_on(*global_, data, options_.average ? ReduceOp::kAvg : ReduceOp::kSum);
@@ -51,7 +52,7 @@ class CentralizedSynchronousOp final : public CommOp {
       intra.reduce(data, data, 0, ReduceOp::kSum);
       if (hierarchy_->is_leader()) reduce_on(*hierarchy_->inter, data, ReduceOp::kSum);
       intra.broadcast(data, 0);
-      if (options_.average) divide_inplace(data, global_->size());
+      if (options_.average) compute_->divide(data, global_->size());
     });
   }
 
@@ -62,23 +63,25 @@ class CentralizedSynchronousOp final : public CommOp {
       comm.allreduce(data, data, op);
       return;
     }
+    Compute& c = *compute_;
     const std::int64_t n = comm.size();
     const std::int64_t chunk = (data.numel + n - 1) / n;
-    padded_.assign(static_cast<std::size_t>(chunk * n) * dtype_size(data.dtype), std::byte{0});
-    TensorView padded{padded_.data(), chunk * n, data.dtype, data.device};
-    if (data.nbytes() > 0) std::memcpy(padded.data, data.data, data.nbytes());
-    reduced_.resize(static_cast<std::size_t>(chunk) * dtype_size(data.dtype));
-    TensorView mine{reduced_.data(), chunk, data.dtype, data.device};
+    const std::size_t element = dtype_size(data.dtype);
+    const auto padded_block = c.scratch(static_cast<std::size_t>(chunk * n) * element);
+    const TensorView padded = c.view(padded_block, chunk * n, data.dtype);
+    c.copy(padded.data, data.data, data.nbytes());
+    c.zero(static_cast<std::byte*>(padded.data) + data.nbytes(), padded.nbytes() - data.nbytes());
+    const auto mine_block = c.scratch(static_cast<std::size_t>(chunk) * element);
+    const TensorView mine = c.view(mine_block, chunk, data.dtype);
     comm.reduce_scatter(padded, mine, op);
     comm.allgather(mine, padded);
-    if (data.nbytes() > 0) std::memcpy(data.data, padded.data, data.nbytes());
+    c.copy(data.data, padded.data, data.nbytes());
   }
 
   std::shared_ptr<Communicator> global_;
   std::shared_ptr<HierarchicalComms> hierarchy_;
   CentralizedSynchronousOptions options_;
-  std::vector<std::byte> padded_;
-  std::vector<std::byte> reduced_;
+  std::unique_ptr<Compute> compute_;
 };
 
 }  // namespace bagua

@@ -9,6 +9,13 @@
 //   forward). When the first not-yet-scheduled bucket has all its tensors
 //   ready it is handed to the communication thread, then the next one, and so
 //   on: strictly in registration order, overlapping with the backward pass.
+// - CUDA tensors are marked with the stream that produces them
+//   (`mark_communication_ready_on_stream`): an event from the pool is
+//   recorded there, and the communication stream waits on it on the device
+//   before the bucket's ops run; neither thread waits for the whole device.
+//   After a CUDA bucket's ops the communication thread waits for the
+//   communication stream, so the results are in memory when
+//   `wait_pending_comm_ops` returns.
 // - `wait_pending_comm_ops` blocks until every bucket of the iteration has
 //   run its ops, rethrows the first failure of the communication thread, and
 //   then starts a new iteration. A wait longer than the timeout becomes a
@@ -29,10 +36,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "bagua/core/event_pool.h"
 #include "bagua/runtime/bucket.h"
 #include "bagua/runtime/timeline.h"
 
@@ -55,6 +64,10 @@ class Backend {
 
   void register_ordered_buckets(std::vector<std::shared_ptr<Bucket>> buckets);
   void mark_communication_ready(const std::string& tensor_name);
+  // For a tensor of a CUDA bucket: its data is final once the work enqueued
+  // on `cuda_stream` (a cudaStream_t; nullptr is the legacy default stream)
+  // so far is done.
+  void mark_communication_ready_on_stream(const std::string& tensor_name, void* cuda_stream);
   // Marks every tensor not yet marked this iteration (unused parameters),
   // in bucket order, so all ranks still run every bucket.
   void mark_remaining_ready();
@@ -80,7 +93,12 @@ class Backend {
     std::size_t tensor;
   };
 
-  void mark_locked(const std::string& tensor_name, std::unique_lock<std::mutex>& lock);
+  void mark_locked(const std::string& tensor_name, std::unique_lock<std::mutex>& lock,
+                   const void* const* cuda_stream = nullptr);
+  // Runs the bucket's ops, returning the first failure (null on success).
+  std::exception_ptr run_bucket(std::size_t index, Bucket& bucket);
+  std::exception_ptr annotate(const std::exception& e, std::string_view op,
+                              const Bucket& bucket) const;
   void schedule_ready_buckets_locked();
   void rethrow_if_failed_locked() const;
   std::string describe_pending_locked() const;
@@ -93,6 +111,8 @@ class Backend {
   std::vector<std::shared_ptr<Bucket>> buckets_;
   std::unordered_map<std::string, TensorSlot> slots_;
   std::vector<std::vector<bool>> tensor_ready_;
+  // Per bucket and tensor: the event recorded when a CUDA tensor was marked.
+  std::vector<std::vector<EventPool::Lease>> ready_events_;
   std::vector<std::size_t> ready_count_;
   std::size_t next_to_schedule_ = 0;
   std::size_t completed_ = 0;

@@ -101,7 +101,10 @@ class BaguaProcessGroup:
         (they do, since every rank builds the same buckets)."""
         with self._lock:
             if self._bucket_communicator is None:
-                self._bucket_communicator = self._communicator.new_group(list(range(self.get_size())))
+                # On NCCL its collectives share the communication stream with
+                # the ops' kernels and the ready-event waits.
+                self._bucket_communicator = self._communicator.new_bucket_group(
+                    list(range(self.get_size())))
             return self._bucket_communicator
 
     def new_dedicated_communicator(self):

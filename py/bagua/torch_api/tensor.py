@@ -88,13 +88,16 @@ class BaguaTensor:
                 "with with_bagua?)")
         self._sync_registered()
         registered = self.bagua_registered_tensor()
-        if registered.is_cuda:
-            # The communication thread reads this memory: let the kernels that
-            # produce it finish first.
-            torch.cuda.current_stream(registered.device).synchronize()
         if self._ready_callback is not None:
             self._ready_callback(self.name)
-        self._backend.mark_communication_ready(self.name)
+        if registered.is_cuda:
+            # The runtime records an event on the producing stream and the
+            # communication stream waits on it (on the device): nobody here
+            # waits for the kernels.
+            stream = torch.cuda.current_stream(registered.device).cuda_stream
+            self._backend.mark_communication_ready(self.name, cuda_stream=stream)
+        else:
+            self._backend.mark_communication_ready(self.name)
 
     def __repr__(self) -> str:
         return f"BaguaTensor({self.name}, {self.tensor.dtype}{list(self.tensor.shape)})"
