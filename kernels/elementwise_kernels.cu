@@ -1,6 +1,7 @@
 // Element-wise helpers of the comm ops on the device:
 // - axpby: y = a * x + b * y, the residual arithmetic of error feedback;
-// - convert: a dtype cast, for the fp32 working copy of compressed ops.
+// - convert: a dtype cast, for the fp32 working copy of compressed ops;
+// - ring_diff: the difference the low-precision decentralized op compresses.
 // Both compute through the shared element math (load/store of
 // bagua/core/element_math.h), so 16-bit values round as on the CPU path.
 #include <cuda_runtime.h>
@@ -35,6 +36,16 @@ __global__ void convert_kernel(const From* from, To* to, std::int64_t count) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += stride) {
     to[i] = store<To>(static_cast<compute_type_t<To>>(load(from[i])));
+  }
+}
+
+template <typename T>
+__global__ void ring_diff_kernel(const T* x, const T* w, const T* l, const T* r, float* diff,
+                                 std::int64_t count) {
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride) {
+    diff[i] = low_precision_ring_diff(x[i], w[i], l[i], r[i]);
   }
 }
 
@@ -86,6 +97,20 @@ const char* axpby(double a, const void* x, double b, void* y, std::int64_t numel
       break;
     default: return "axpby: floating point dtypes only";
   }
+  return last_error();
+}
+
+const char* ring_diff(const void* x, const void* w, const void* l, const void* r, float* diff,
+                      std::int64_t numel, int dtype, void* stream) noexcept {
+  if (numel == 0) return nullptr;
+  auto s = static_cast<cudaStream_t>(stream);
+  const bool known = with_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ring_diff_kernel<T><<<blocks_for(numel), kThreads, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(l),
+        static_cast<const T*>(r), diff, numel);
+  });
+  if (!known) return "ring_diff: unknown dtype";
   return last_error();
 }
 

@@ -42,6 +42,10 @@ const char* async_average_update(void* w, const void* sum, const void* snapshot,
 const char* axpby(double a, const void* x, double b, void* y, std::int64_t numel, int dtype,
                   void* stream) noexcept;
 
+// diff[i] (fp32) = low_precision_ring_diff(x[i], w[i], l[i], r[i]).
+const char* ring_diff(const void* x, const void* w, const void* l, const void* r, float* diff,
+                      std::int64_t numel, int dtype, void* stream) noexcept;
+
 // to[i] = from[i] converted between any two dtypes.
 const char* convert(const void* from, int from_dtype, void* to, int to_dtype, std::int64_t numel,
                     void* stream) noexcept;

@@ -30,10 +30,22 @@ $PY -m pytest -q -rs tests/python/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log" | t
 step "kernel bandwidth vs device-to-device copy"
 ./build-gpu/bench_kernels --json "$OUT/kernel_bandwidth.json" 2>&1 | tee -a "$OUT/summary.txt"
 
-step "digits, GradientAllReduce, NCCL, 1 process"
-BAGUA_BACKEND=nccl $PY -m bagua.distributed.launch --nproc_per_node 1 examples/digits_mlp.py \
-  --device cuda --results "$OUT/digits_nccl.json" 2>&1 | grep -E "^algorithm|Error" | tee -a "$OUT/summary.txt"
+step "NCCL allreduce through the Communicator vs raw ncclAllReduce (world 1)"
+./build-gpu/bench_nccl_overhead --json "$OUT/nccl_overhead.json" 2>&1 | tee -a "$OUT/summary.txt"
 
-step "digits, GradientAllReduce, 4 processes sharing the GPU over host-staged Gloo"
-BAGUA_BACKEND=gloo $PY -m bagua.distributed.launch --nproc_per_node 4 examples/digits_mlp.py \
-  --device cuda --results "$OUT/digits_gloo_staged.json" 2>&1 | grep -E "^algorithm|Error" | tee -a "$OUT/summary.txt"
+# Every algorithm that runs on CUDA buckets (all but the asynchronous model
+# average), first NCCL with one process, then 4 processes sharing the GPU
+# over host-staged Gloo.
+ALGOS="gradient_allreduce bytegrad qadam decentralized decentralized_ring low_precision_decentralized_ring"
+for algo in $ALGOS; do
+  step "digits, $algo, NCCL, 1 process"
+  BAGUA_BACKEND=nccl $PY -m bagua.distributed.launch --nproc_per_node 1 examples/digits_mlp.py \
+    --device cuda --algorithm "$algo" --results "$OUT/digits_nccl_$algo.json" 2>&1 \
+    | tee "$OUT/digits_nccl_$algo.log" | grep -E "^algorithm|Error" | tee -a "$OUT/summary.txt"
+done
+for algo in $ALGOS; do
+  step "digits, $algo, 4 processes sharing the GPU over host-staged Gloo"
+  BAGUA_BACKEND=gloo $PY -m bagua.distributed.launch --nproc_per_node 4 examples/digits_mlp.py \
+    --device cuda --algorithm "$algo" --results "$OUT/digits_gloo_$algo.json" 2>&1 \
+    | tee "$OUT/digits_gloo_$algo.log" | grep -E "^algorithm|Error" | tee -a "$OUT/summary.txt"
+done

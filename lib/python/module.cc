@@ -30,7 +30,7 @@ namespace {
 void require_host_bucket(const Bucket& b, const char* op) {
   BAGUA_CHECK_ARG(b.device().type == DeviceType::kCPU,
                   "{} runs on CPU tensors; bucket '{}' is on {} (on CUDA buckets this version "
-                  "runs the centralized ops, full precision and MinMaxUInt8)",
+                  "runs every op except the asynchronous model average)",
                   op, b.name(), b.device().str());
 }
 
@@ -216,6 +216,19 @@ PYBIND11_MODULE(bagua_core, m) {
       },
       py::arg("w"), py::arg("sum"), py::arg("snapshot"), py::arg("ranks"), py::arg("stream") = 0);
   m.def("cuda_synchronize", &cuda_synchronize, py::call_guard<py::gil_scoped_release>());
+  // Pool statistics, to check that steady-state iterations reuse memory and
+  // events (device -1: the pinned host staging pool).
+  m.def("cuda_event_pool_created", [](int device) { return cuda_event_pool(device).created(); });
+  m.def("scratch_pool_stats", [](int device) {
+    const CachingAllocatorStats stats =
+        (device < 0 ? pinned_host_pool() : cuda_device_pool(device)).stats();
+    return py::dict(py::arg("blocks_in_use") = stats.blocks_in_use,
+                    py::arg("bytes_in_use") = stats.bytes_in_use,
+                    py::arg("blocks_cached") = stats.blocks_cached,
+                    py::arg("bytes_cached") = stats.bytes_cached,
+                    py::arg("system_allocations") = stats.system_allocations,
+                    py::arg("cache_hits") = stats.cache_hits);
+  });
   m.def("default_bucket_bytes", [] { return env().default_bucket_bytes; });
   m.def("comm_timeout_s", [] { return static_cast<double>(env().comm_timeout.count()) / 1000.0; });
   m.def("log", [](const std::string& level, const std::string& message) {
@@ -397,7 +410,9 @@ PYBIND11_MODULE(bagua_core, m) {
           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
              const TensorView& weight, const TensorView& left, const TensorView& right,
              bool hierarchical) {
-            require_host_bucket(b, "D_LP_S");
+            if (global) {
+              require_comm_supports(b, *global, "append_low_precision_decentralized_op");
+            }
             b.append_op(std::make_unique<LowPrecisionDecentralizedOp>(
                 std::move(global), std::move(hierarchy), weight, left, right, b.numel(), b.dtype(),
                 LowPrecisionDecentralizedOptions{.hierarchical = hierarchical}));
@@ -408,7 +423,11 @@ PYBIND11_MODULE(bagua_core, m) {
           "append_decentralized_synchronous_op",
           [](Bucket& b, CommPtr global, std::shared_ptr<HierarchicalComms> hierarchy,
              const TensorView& peer_weight, bool hierarchical, const std::string& mode) {
-            require_host_bucket(b, "D_FP_S");
+            if (global) require_comm_supports(b, *global, "append_decentralized_synchronous_op");
+            BAGUA_CHECK_ARG(peer_weight.device == b.device(),
+                            "append_decentralized_synchronous_op: peer_weight is on {}, bucket "
+                            "'{}' on {}",
+                            peer_weight.device.str(), b.name(), b.device().str());
             auto op = std::make_shared<DecentralizedSynchronousOp>(
                 std::move(global), std::move(hierarchy), peer_weight, b.numel(), b.dtype(),
                 DecentralizedSynchronousOptions{.hierarchical = hierarchical,

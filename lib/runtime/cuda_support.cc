@@ -264,6 +264,22 @@ void cuda_axpby(double a, const TensorView& x, double b, const TensorView& y, vo
   }
 }
 
+void cuda_ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
+                    const TensorView& r, const TensorView& diff, void* stream) {
+  for (const auto* view : {&w, &l, &r}) {
+    BAGUA_CHECK_ARG(view->device == x.device && view->numel == x.numel && view->dtype == x.dtype,
+                    "cuda_ring_diff: {} does not match {}", view->describe(), x.describe());
+  }
+  BAGUA_CHECK_ARG(x.device.type == DeviceType::kCUDA && diff.device == x.device &&
+                      diff.numel == x.numel && diff.dtype == DType::kFloat32,
+                  "cuda_ring_diff: diff {} for {}", diff.describe(), x.describe());
+  if (const char* error = kernels::ring_diff(x.data, w.data, l.data, r.data,
+                                             static_cast<float*>(diff.data), x.numel,
+                                             static_cast<int>(x.dtype), stream)) {
+    throw BackendError("cuda_ring_diff on " + x.describe() + ": " + error);
+  }
+}
+
 void cuda_convert(const TensorView& from, const TensorView& to, void* stream) {
   BAGUA_CHECK_ARG(from.device.type == DeviceType::kCUDA && to.device.type == DeviceType::kCUDA &&
                       from.numel == to.numel,
@@ -317,6 +333,10 @@ class CudaCompute final : public Compute {
   }
   void axpby(double a, const TensorView& x, double b, const TensorView& y) override {
     cuda_axpby(a, x, b, y, stream_);
+  }
+  void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
+                 const TensorView& r, const TensorView& diff) override {
+    cuda_ring_diff(x, w, l, r, diff, stream_);
   }
   void finish(std::string_view what, std::chrono::milliseconds timeout) override {
     cuda_stream_wait(stream_, timeout, what);

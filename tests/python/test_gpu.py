@@ -106,3 +106,122 @@ def test_kernel_calls_fail_cleanly_without_a_gpu():
     if not HAVE_GPU:
         with pytest.raises(bagua_core.BaguaError):
             bagua_core.cuda_divide_inplace(bagua_core.TensorView(0, 4, "float32", "cuda:0"), 2)
+
+
+def _run_bucket_op(device, data, append_op, steps=3, copies=()):
+    """Runs one bucket with one op for `steps` iterations on a world of one
+    (Gloo, staged for CUDA), marking the tensor ready on the current stream;
+    returns the bucket's data after each step."""
+    comm = bagua_core.gloo_communicator(bagua_core.hash_store(), 0, 1, prefix=f"op-{device}")
+    bucket_comm = comm.new_bucket_group([0])
+    tensor = data.clone().to(device)
+    extra = [c.clone().to(device) for c in copies]
+    bucket = bagua_core.Bucket("b0", [("t0", view(tensor))])
+    append_op(bucket, bucket_comm, [view(e) for e in extra])
+    backend = bagua_core.Backend(0, 30.0)
+    backend.register_ordered_buckets([bucket])
+    results = []
+    for step in range(steps):
+        tensor.mul_(1.5).add_(0.25)  # kernels on the current stream before the ready mark
+        if device == "cpu":
+            backend.mark_communication_ready("t0")
+        else:
+            backend.mark_communication_ready("t0", cuda_stream=stream())
+        backend.wait_pending_comm_ops()
+        results.append(tensor.cpu().clone())
+    return results, [e.cpu() for e in extra]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("op", ["c_lp_s", "c_lp_s_error_feedback", "c_fp_s_scattergather", "d_lp_s",
+                                "d_fp_s_ring"])
+def test_bucket_ops_on_cuda_equal_the_cpu_path(dtype, op):
+    """The same op on a CPU bucket and a CUDA bucket (ready events, kernels on
+    the communication stream, staged Gloo) gives the same bytes."""
+    n = 70001
+    data = (torch.randn(n, generator=torch.Generator().manual_seed(7)) * 2).to(dtype)
+    copies = ()
+
+    def append(bucket, comm, extra):
+        if op.startswith("c_lp_s"):
+            bucket.append_centralized_low_precision_op(comm, None, False, True, op.endswith("feedback"))
+        elif op == "c_fp_s_scattergather":
+            bucket.append_centralized_synchronous_op(comm, None, False, True, True)
+        elif op == "d_lp_s":
+            bucket.append_low_precision_decentralized_op(comm, None, *extra, False)
+        else:
+            bucket.append_decentralized_synchronous_op(comm, None, extra[0], False, "ring")
+
+    if op == "d_lp_s":
+        copies = (data, data, data)
+    elif op == "d_fp_s_ring":
+        copies = (torch.zeros_like(data),)
+    cpu_steps, cpu_extra = _run_bucket_op("cpu", data, append, copies=copies)
+    gpu_steps, gpu_extra = _run_bucket_op("cuda", data, append, copies=copies)
+    for cpu, gpu_result in zip(cpu_steps, gpu_steps):
+        assert torch.equal(cpu, gpu_result)
+    for cpu, gpu_result in zip(cpu_extra, gpu_extra):
+        assert torch.equal(cpu, gpu_result)
+
+
+@gpu
+def test_event_pool_and_scratch_pool_are_reused_across_iterations():
+    """After the first iteration no new events are created (the pool
+    recycles them)."""
+    comm = bagua_core.gloo_communicator(bagua_core.hash_store(), 0, 1, prefix="pool")
+    flat_buffer = torch.randn(4000, device="cuda")
+    tensors = [flat_buffer[i * 1000:(i + 1) * 1000] for i in range(4)]  # a flattened bucket
+    bucket = bagua_core.Bucket("b", [(f"t{i}", view(t)) for i, t in enumerate(tensors)])
+    bucket.append_centralized_synchronous_op(comm.new_bucket_group([0]), None, False, True, False)
+    backend = bagua_core.Backend(0, 30.0)
+    backend.register_ordered_buckets([bucket])
+    flat = torch.cat(tensors)
+    created = []
+    for _ in range(5):
+        for i in range(4):
+            backend.mark_communication_ready(f"t{i}", cuda_stream=stream())
+        backend.wait_pending_comm_ops()
+        created.append(bagua_core.cuda_event_pool_created(0))
+    assert created[-1] == created[0]
+    assert torch.equal(torch.cat(tensors).cpu(), flat.cpu())
+    stats = bagua_core.scratch_pool_stats(0)
+    assert stats["blocks_in_use"] == 0
+
+
+def test_pool_statistics_are_reachable_without_a_gpu():
+    """The pinned staging pool exists on every build (ordinary memory without
+    CUDA); the device pools need a device and say so."""
+    stats = bagua_core.scratch_pool_stats(-1)
+    assert set(stats) == {"blocks_in_use", "bytes_in_use", "blocks_cached", "bytes_cached",
+                          "system_allocations", "cache_hits"}
+    if not HAVE_GPU:
+        with pytest.raises(ValueError, match="CUDA device 0"):
+            bagua_core.scratch_pool_stats(0)
+
+
+@pytest.mark.parametrize("op", ["c_lp_s", "c_fp_s_scattergather", "d_fp_s_ring"])
+def test_bucket_op_harness_runs_on_the_cpu(op):
+    """The harness of the CPU-vs-CUDA comparison, on the CPU alone, so the
+    GPU test's setup is known to work before it meets a GPU."""
+    data = torch.linspace(-3, 5, 1001)
+
+    def append(bucket, comm, extra):
+        if op == "c_lp_s":
+            bucket.append_centralized_low_precision_op(comm, None, False, True, False)
+        elif op == "c_fp_s_scattergather":
+            bucket.append_centralized_synchronous_op(comm, None, False, True, True)
+        else:
+            bucket.append_decentralized_synchronous_op(comm, None, extra[0], False, "ring")
+
+    copies = (torch.zeros_like(data),) if op == "d_fp_s_ring" else ()
+    steps, extra = _run_bucket_op("cpu", data, append, copies=copies)
+    expected = data.clone()
+    for result in steps:
+        expected = expected * 1.5 + 0.25
+        # world of one: full precision is exact, MinMaxUInt8 within its bound
+        tolerance = 0 if op != "c_lp_s" else float(expected.max() - expected.min()) / 255
+        assert float((result - expected).abs().max()) <= tolerance + 1e-6
+        expected = result
+    if op == "d_fp_s_ring":
+        assert torch.equal(extra[0], steps[-1])

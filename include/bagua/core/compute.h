@@ -55,6 +55,9 @@ class Compute {
   virtual void divide(const TensorView& x, std::int64_t divisor) = 0;
   // y = a * x + b * y (floating dtypes).
   virtual void axpby(double a, const TensorView& x, double b, const TensorView& y) = 0;
+  // diff (fp32) = low_precision_ring_diff(x, w, l, r) element-wise.
+  virtual void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
+                         const TensorView& r, const TensorView& diff) = 0;
   // The host waits for the work issued so far (TimeoutError naming `what`).
   virtual void finish(std::string_view what, std::chrono::milliseconds timeout) = 0;
 };
@@ -110,6 +113,20 @@ class HostCompute final : public Compute {
         }
       } else {
         throw InvalidArgument("axpby needs a floating point tensor, got " + y.describe());
+      }
+    });
+  }
+  void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
+                 const TensorView& r, const TensorView& diff) override {
+    dispatch_dtype(x.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* xs = x.data_as<T>();
+      const T* ws = w.data_as<T>();
+      const T* ls = l.data_as<T>();
+      const T* rs = r.data_as<T>();
+      float* out = diff.data_as<float>();
+      for (std::int64_t i = 0; i < x.numel; ++i) {
+        out[i] = low_precision_ring_diff(xs[i], ws[i], ls[i], rs[i]);
       }
     });
   }

@@ -102,6 +102,11 @@ void cuda_zero_async(void* destination, std::size_t bytes, void* stream);
 // computed in float (double for fp64) and rounded once per element.
 void cuda_axpby(double a, const TensorView& x, double b, const TensorView& y, void* stream);
 
+// diff (fp32) = low_precision_ring_diff(x, w, l, r) element-wise (x, w, l, r
+// of one dtype and size), on the device.
+void cuda_ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
+                    const TensorView& r, const TensorView& diff, void* stream);
+
 // to = from converted to to's dtype (same numel), on the device.
 void cuda_convert(const TensorView& from, const TensorView& to, void* stream);
 

@@ -20,6 +20,7 @@
 
 #include "bagua/comm/communicator.h"
 #include "bagua/compression/compressor.h"
+#include "bagua/core/compute.h"
 #include "bagua/ops/comm_op.h"
 #include "bagua/runtime/bucket.h"
 
@@ -59,6 +60,12 @@ class LowPrecisionDecentralizedOp final : public CommOp {
   void execute(Bucket& bucket) override {
     const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
                                   hierarchy_ ? hierarchy_->inter.get() : nullptr});
+    for (const auto* view : {&weight_, &left_, &right_}) {
+      BAGUA_CHECK_ARG(view->device == bucket.device(),
+                      "D_LP_S: the weight copies must be on the bucket's device ({}), got {}",
+                      bucket.device().str(), view->describe());
+    }
+    if (!compute_ || compute_->device() != bucket.device()) compute_ = compute_for(bucket.device());
     bucket.with_flat_view([&](const TensorView& x) {
       if (!options_.hierarchical) {
         ring_step(*global_, x);
@@ -68,59 +75,52 @@ class LowPrecisionDecentralizedOp final : public CommOp {
       intra.allreduce(x, x, ReduceOp::kAvg);
       if (hierarchy_->is_leader()) ring_step(*hierarchy_->inter, x);
       intra.broadcast(x, 0);
-      std::memcpy(weight_.data, x.data, x.nbytes());
+      compute_->copy(weight_.data, x.data, x.nbytes());
     });
   }
 
  private:
+  // Host loops or kernels (Compute), compressing before the bytes reach the
+  // communicator.
   void ring_step(Communicator& comm, const TensorView& x) {
-    namespace q = minmax_uint8;
+    Compute& c = *compute_;
     const std::int64_t numel = x.numel;
-    const q::ChunkedLayout layout{numel, kChunkElements};
-    diff_.resize(static_cast<std::size_t>(numel));
-    dispatch_dtype(x.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      const T* xs = x.data_as<T>();
-      const T* w = weight_.data_as<T>();
-      const T* l = left_.data_as<T>();
-      const T* r = right_.data_as<T>();
-      for (std::int64_t i = 0; i < numel; ++i) {
-        const float lf = static_cast<float>(load(l[i]));
-        const float rf = static_cast<float>(load(r[i]));
-        const float wf = static_cast<float>(load(w[i]));
-        diff_[static_cast<std::size_t>(i)] =
-            static_cast<float>(load(xs[i])) + lf / 3.0f + rf / 3.0f - 5.0f * wf / 3.0f;
-      }
-    });
-    mine_.resize(layout.bytes());
-    q::compress_chunked(TensorView{diff_.data(), numel, DType::kFloat32, {}}, layout, mine_.data());
-
-    from_left_.resize(layout.bytes());
-    from_right_.resize(layout.bytes());
+    const std::size_t bytes = minmax_uint8::ChunkedLayout{numel, kChunkElements}.bytes();
+    const auto diff_block = c.scratch(static_cast<std::size_t>(numel) * sizeof(float));
+    const TensorView diff = c.view(diff_block, numel, DType::kFloat32);
+    c.ring_diff(x, weight_, left_, right_, diff);
+    const auto mine = c.scratch(bytes);
+    const auto from_left = c.scratch(bytes);
+    const auto from_right = c.scratch(bytes);
+    c.compress(diff, kChunkElements, bytes_of(mine));
     const int n = comm.size();
     if (n == 1) {  // both neighbours are this rank
-      from_left_ = mine_;
-      from_right_ = mine_;
+      c.copy(from_left.data(), mine.data(), bytes);
+      c.copy(from_right.data(), mine.data(), bytes);
     } else {
       const int left = (comm.rank() + n - 1) % n;
       const int right = (comm.rank() + 1) % n;
-      const TensorView mine = bytes_view(mine_);
-      const PeerMessage sends[] = {{mine, left}, {mine, right}};
+      const TensorView mine_view = byte_view(c, mine, bytes);
+      const PeerMessage sends[] = {{mine_view, left}, {mine_view, right}};
       // With two ranks left == right: messages to one peer match in order, and
       // both carry the same bytes.
-      const PeerMessage receives[] = {{bytes_view(from_left_), left},
-                                      {bytes_view(from_right_), right}};
+      const PeerMessage receives[] = {{byte_view(c, from_left, bytes), left},
+                                      {byte_view(c, from_right, bytes), right}};
       comm.send_recv(sends, receives);
     }
-    q::decompress_chunked(from_left_.data(), layout, left_, true);
-    q::decompress_chunked(from_right_.data(), layout, right_, true);
+    c.decompress(bytes_of(from_left), kChunkElements, left_, true);
+    c.decompress(bytes_of(from_right), kChunkElements, right_, true);
     // x = W + Q^-1(Q(d)); W = x: decode into W in place, then copy to x.
-    q::decompress_chunked(mine_.data(), layout, weight_, true);
-    std::memcpy(x.data, weight_.data, x.nbytes());
+    c.decompress(bytes_of(mine), kChunkElements, weight_, true);
+    c.copy(x.data, weight_.data, x.nbytes());
   }
 
-  static TensorView bytes_view(std::vector<std::byte>& buffer) {
-    return TensorView{buffer.data(), static_cast<std::int64_t>(buffer.size()), DType::kUInt8, {}};
+  static std::byte* bytes_of(const CachingAllocator::Block& block) {
+    return static_cast<std::byte*>(block.data());
+  }
+  static TensorView byte_view(const Compute& c, const CachingAllocator::Block& block,
+                              std::size_t bytes) {
+    return c.view(block, static_cast<std::int64_t>(bytes), DType::kUInt8);
   }
 
   std::shared_ptr<Communicator> global_;
@@ -129,10 +129,7 @@ class LowPrecisionDecentralizedOp final : public CommOp {
   TensorView left_;
   TensorView right_;
   LowPrecisionDecentralizedOptions options_;
-  std::vector<float> diff_;
-  std::vector<std::byte> mine_;
-  std::vector<std::byte> from_left_;
-  std::vector<std::byte> from_right_;
+  std::unique_ptr<Compute> compute_;
 };
 
 }  // namespace bagua

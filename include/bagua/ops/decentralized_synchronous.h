@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "bagua/comm/communicator.h"
-#include "bagua/core/elementwise.h"
+#include "bagua/core/compute.h"
 #include "bagua/ops/comm_op.h"
 #include "bagua/ops/peer_selection.h"
 #include "bagua/runtime/bucket.h"
@@ -56,8 +56,12 @@ class DecentralizedSynchronousOp final : public CommOp {
   void execute(Bucket& bucket) override {
     const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
                                   hierarchy_ ? hierarchy_->inter.get() : nullptr});
+    BAGUA_CHECK_ARG(peer_weight_.device == bucket.device(),
+                    "D_FP_S: peer_weight is on {} but bucket '{}' is on {}",
+                    peer_weight_.device.str(), bucket.name(), bucket.device().str());
+    if (!compute_ || compute_->device() != bucket.device()) compute_ = compute_for(bucket.device());
     bucket.with_flat_view([&](const TensorView& x) {
-      std::memcpy(peer_weight_.data, x.data, x.nbytes());
+      compute_->copy(peer_weight_.data, x.data, x.nbytes());
       if (!options_.hierarchical) {
         average_with_peers(*global_, peer_weight_);
       } else {
@@ -72,8 +76,12 @@ class DecentralizedSynchronousOp final : public CommOp {
 
   // x = peer_weight: adopts the average computed by the last execution.
   void copy_back_peer_weight(Bucket& bucket) {
-    bucket.with_flat_view(
-        [&](const TensorView& x) { std::memcpy(x.data, peer_weight_.data, x.nbytes()); });
+    if (!compute_ || compute_->device() != bucket.device()) compute_ = compute_for(bucket.device());
+    bucket.with_flat_view([&](const TensorView& x) {
+      compute_->copy(x.data, peer_weight_.data, x.nbytes());
+      // Called from the training thread: the copy is done when this returns.
+      compute_->finish("copy_back_peer_weight", global_->timeout());
+    });
   }
 
   std::int64_t communication_step() const { return step_; }
@@ -98,15 +106,16 @@ class DecentralizedSynchronousOp final : public CommOp {
           average_with(comm, w, left);
           return;
         }
-        received_.resize(2 * w.nbytes());
-        const TensorView from_left{received_.data(), w.numel, w.dtype, w.device};
-        const TensorView from_right{received_.data() + w.nbytes(), w.numel, w.dtype, w.device};
+        const auto left_block = compute_->scratch(w.nbytes());
+        const auto right_block = compute_->scratch(w.nbytes());
+        const TensorView from_left = compute_->view(left_block, w.numel, w.dtype);
+        const TensorView from_right = compute_->view(right_block, w.numel, w.dtype);
         const PeerMessage sends[] = {{w, left}, {w, right}};
         const PeerMessage receives[] = {{from_left, left}, {from_right, right}};
         comm.send_recv(sends, receives);
-        reduce_into(ReduceOp::kSum, w, w, from_left);
-        reduce_into(ReduceOp::kSum, w, w, from_right);
-        divide_inplace(w, 3);
+        compute_->axpby(1.0, from_left, 1.0, w);
+        compute_->axpby(1.0, from_right, 1.0, w);
+        compute_->divide(w, 3);
         return;
       }
     }
@@ -114,13 +123,13 @@ class DecentralizedSynchronousOp final : public CommOp {
 
   // w = (w + w of `peer`) / 2.
   void average_with(Communicator& comm, const TensorView& w, int peer) {
-    received_.resize(w.nbytes());
-    const TensorView theirs{received_.data(), w.numel, w.dtype, w.device};
+    const auto block = compute_->scratch(w.nbytes());
+    const TensorView theirs = compute_->view(block, w.numel, w.dtype);
     const PeerMessage sends[] = {{w, peer}};
     const PeerMessage receives[] = {{theirs, peer}};
     comm.send_recv(sends, receives);
-    reduce_into(ReduceOp::kSum, w, w, theirs);
-    divide_inplace(w, 2);
+    compute_->axpby(1.0, theirs, 1.0, w);
+    compute_->divide(w, 2);
   }
 
   std::shared_ptr<Communicator> global_;
@@ -128,7 +137,7 @@ class DecentralizedSynchronousOp final : public CommOp {
   TensorView peer_weight_;
   DecentralizedSynchronousOptions options_;
   std::int64_t step_ = 0;
-  std::vector<std::byte> received_;
+  std::unique_ptr<Compute> compute_;
 };
 
 }  // namespace bagua

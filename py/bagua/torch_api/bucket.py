@@ -121,7 +121,13 @@ class BaguaBucket:
             copies.append(tensor)
         group = _group_or_default(group)
         hierarchy = group.get_hierarchical_communicators() if hierarchical else None
-        views = [tensor_view(t, name) for t, name in zip(copies, ("weight", "left", "right"))]
+        for tensor, name in zip(copies, ("weight", "left", "right")):
+            if tensor.device != self.device:
+                raise InvalidArgumentError(
+                    f"append_low_precision_decentralized_synchronous_op: {name} is on {tensor.device}, "
+                    f"the bucket on {self.device}")
+        views = [tensor_view(t, name, allow_cuda=True)
+                 for t, name in zip(copies, ("weight", "left", "right"))]
         self.backend_bucket.append_low_precision_decentralized_op(
             group.get_bucket_communicator(), hierarchy, *views, hierarchical)
         self._keep_alive.extend(copies)
@@ -143,10 +149,10 @@ class BaguaBucket:
         group = _group_or_default(group)
         hierarchy = group.get_hierarchical_communicators() if hierarchical else None
         op = self.backend_bucket.append_decentralized_synchronous_op(
-            group.get_bucket_communicator(), hierarchy, tensor_view(peer_weight, "peer_weight"),
-            hierarchical, peer_selection_mode)
+            group.get_bucket_communicator(), hierarchy,
+            tensor_view(peer_weight, "peer_weight", allow_cuda=True), hierarchical, peer_selection_mode)
         self._keep_alive.append(peer_weight)
-        return DecentralizedSynchronousOp(op)
+        return DecentralizedSynchronousOp(op, peer_weight)
 
     def append_asynchronous_model_average_op(self, peer_selection_mode: str = "all", group=None,
                                              sync_interval_ms: int = 500):
@@ -191,12 +197,25 @@ class BaguaBucket:
 class DecentralizedSynchronousOp:
     """Handle of a D_FP_S op (see append_decentralized_synchronous_op)."""
 
-    def __init__(self, op):
+    def __init__(self, op, peer_weight):
         self._op = op
+        self._peer_weight = peer_weight
 
     def copy_back_peer_weight(self, bucket: "BaguaBucket") -> None:
         """Writes the average computed by the last execution into ``bucket``."""
-        self._op.copy_back_peer_weight(bucket.backend_bucket)
+        if not self._peer_weight.is_cuda:
+            self._op.copy_back_peer_weight(bucket.backend_bucket)
+            return
+        # On a GPU the copy runs on the current stream, after the kernels that
+        # still read the weights (the communication thread's result is
+        # complete once wait_pending_comm_ops returned).
+        offset = 0
+        with torch.no_grad():
+            for tensor in bucket.tensors:
+                registered = tensor.bagua_registered_tensor()
+                n = registered.numel()
+                registered.view(-1).copy_(self._peer_weight[offset:offset + n])
+                offset += n
 
     @property
     def communication_step(self) -> int:
