@@ -101,10 +101,9 @@ int main(int argc, char** argv) {
   cudaStreamDestroy(stream);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::ofstream(json_path) << nlohmann::json{{"gpu", prop.name}, {"world_size", 1},
-                                             {"results", results}}
-                                  .dump(2)
-                           << "\n";
+  std::ofstream(json_path)
+      << nlohmann::json{{"gpu", prop.name}, {"world_size", 1}, {"results", results}}.dump(2)
+      << "\n";
   std::printf("wrote %s\n", json_path.c_str());
   return 0;
 }

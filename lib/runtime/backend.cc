@@ -281,9 +281,9 @@ std::exception_ptr Backend::run_bucket(std::size_t index, Bucket& bucket) {
     // The ops' device work is enqueued; the results must be in memory before
     // the training thread reads them (and before the events are reused).
     try {
-      cuda_stream_wait(stream, options_.timeout,
-                       fmt::format("rank {}: device work of bucket '{}'", options_.rank,
-                                   bucket.name()));
+      cuda_stream_wait(
+          stream, options_.timeout,
+          fmt::format("rank {}: device work of bucket '{}'", options_.rank, bucket.name()));
     } catch (const std::exception& e) {
       return annotate(e, "wait for the communication stream", bucket);
     }
@@ -296,8 +296,8 @@ std::exception_ptr Backend::annotate(const std::exception& e, std::string_view o
   log().error("rank {}: op '{}' of bucket '{}' failed: {}", options_.rank, op, bucket.name(),
               e.what());
   // Name where it happened, keeping the original error type.
-  const std::string message =
-      fmt::format("rank {}: op '{}' of bucket '{}': {}", options_.rank, op, bucket.name(), e.what());
+  const std::string message = fmt::format("rank {}: op '{}' of bucket '{}': {}", options_.rank, op,
+                                          bucket.name(), e.what());
   if (dynamic_cast<const TimeoutError*>(&e)) {
     return std::make_exception_ptr(TimeoutError(message));
   }

@@ -107,9 +107,8 @@ void cuda_convert(const TensorView& /*from*/, const TensorView& to, void* /*stre
 }
 
 std::unique_ptr<Compute> make_cuda_compute(int device) {
-  throw InvalidArgument(
-      fmt::format("cuda:{}: this build of bagua has no CUDA support (rebuild with nvcc available)",
-                  device));
+  throw InvalidArgument(fmt::format(
+      "cuda:{}: this build of bagua has no CUDA support (rebuild with nvcc available)", device));
 }
 
 }  // namespace bagua

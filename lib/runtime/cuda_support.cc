@@ -140,6 +140,23 @@ T& per_device(std::array<std::unique_ptr<T>, kMaxDevices>& slots, int device, Ma
   return *slot;
 }
 
+// Makes `device` current for a scope and restores the caller's device: the
+// training thread calls in here (events are created on first mark) and must
+// find PyTorch's current device unchanged.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 // Owns one stream; the stream outlives every user (destroyed at exit).
 struct OwnedStream {
   void* stream = nullptr;
@@ -150,7 +167,7 @@ struct OwnedStream {
 void cuda_set_device(int device) { check(cudaSetDevice(checked_device(device)), "cudaSetDevice"); }
 
 void* cuda_stream_create(int device) {
-  cuda_set_device(device);
+  const DeviceGuard guard(checked_device(device));
   int least = 0;
   int greatest = 0;
   check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
@@ -166,9 +183,10 @@ void cuda_stream_destroy(void* stream) noexcept {
 
 void* cuda_communication_stream(int device) {
   static auto* streams = new std::array<std::unique_ptr<OwnedStream>, kMaxDevices>();
-  return per_device(*streams, device, [&] {
-           return std::make_unique<OwnedStream>(OwnedStream{cuda_stream_create(device)});
-         }).stream;
+  return per_device(
+             *streams, device,
+             [&] { return std::make_unique<OwnedStream>(OwnedStream{cuda_stream_create(device)}); })
+      .stream;
 }
 
 void cuda_stream_wait(void* stream, std::chrono::milliseconds timeout, std::string_view what) {
@@ -179,8 +197,8 @@ void cuda_stream_wait(void* stream, std::chrono::milliseconds timeout, std::stri
     if (state == cudaSuccess) return;
     if (state != cudaErrorNotReady) check(state, "cudaStreamQuery", what);
     if (std::chrono::steady_clock::now() > deadline) {
-      throw TimeoutError(fmt::format("{}: the device work did not finish within {} ms", what,
-                                     timeout.count()));
+      throw TimeoutError(
+          fmt::format("{}: the device work did not finish within {} ms", what, timeout.count()));
     }
     // Short waits stay responsive; long ones back off to spare the CPU.
     std::this_thread::sleep_for(pause);
@@ -189,7 +207,7 @@ void cuda_stream_wait(void* stream, std::chrono::milliseconds timeout, std::stri
 }
 
 void* cuda_event_create(int device) {
-  cuda_set_device(device);
+  const DeviceGuard guard(checked_device(device));
   cudaEvent_t event = nullptr;
   check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   return event;
@@ -223,7 +241,7 @@ CachingAllocator& cuda_device_pool(int device) {
     return std::make_unique<CachingAllocator>(
         fmt::format("cuda:{} scratch pool", device),
         [device](std::size_t bytes) {
-          cuda_set_device(device);
+          const DeviceGuard guard(device);
           void* pointer = nullptr;
           check(cudaMalloc(&pointer, bytes), "cudaMalloc");
           return pointer;
@@ -258,8 +276,8 @@ void cuda_axpby(double a, const TensorView& x, double b, const TensorView& y, vo
                       x.numel == y.numel && x.dtype == y.dtype && is_floating_point(x.dtype),
                   "cuda_axpby needs two CUDA tensors of one floating dtype and size, got {} and {}",
                   x.describe(), y.describe());
-  if (const char* error = kernels::axpby(a, x.data, b, y.data, y.numel,
-                                         static_cast<int>(y.dtype), stream)) {
+  if (const char* error =
+          kernels::axpby(a, x.data, b, y.data, y.numel, static_cast<int>(y.dtype), stream)) {
     throw BackendError("cuda_axpby on " + y.describe() + ": " + error);
   }
 }
@@ -273,9 +291,9 @@ void cuda_ring_diff(const TensorView& x, const TensorView& w, const TensorView& 
   BAGUA_CHECK_ARG(x.device.type == DeviceType::kCUDA && diff.device == x.device &&
                       diff.numel == x.numel && diff.dtype == DType::kFloat32,
                   "cuda_ring_diff: diff {} for {}", diff.describe(), x.describe());
-  if (const char* error = kernels::ring_diff(x.data, w.data, l.data, r.data,
-                                             static_cast<float*>(diff.data), x.numel,
-                                             static_cast<int>(x.dtype), stream)) {
+  if (const char* error =
+          kernels::ring_diff(x.data, w.data, l.data, r.data, static_cast<float*>(diff.data),
+                             x.numel, static_cast<int>(x.dtype), stream)) {
     throw BackendError("cuda_ring_diff on " + x.describe() + ": " + error);
   }
 }
@@ -283,8 +301,8 @@ void cuda_ring_diff(const TensorView& x, const TensorView& w, const TensorView& 
 void cuda_convert(const TensorView& from, const TensorView& to, void* stream) {
   BAGUA_CHECK_ARG(from.device.type == DeviceType::kCUDA && to.device.type == DeviceType::kCUDA &&
                       from.numel == to.numel,
-                  "cuda_convert needs two CUDA tensors of one size, got {} and {}",
-                  from.describe(), to.describe());
+                  "cuda_convert needs two CUDA tensors of one size, got {} and {}", from.describe(),
+                  to.describe());
   if (const char* error = kernels::convert(from.data, static_cast<int>(from.dtype), to.data,
                                            static_cast<int>(to.dtype), to.numel, stream)) {
     throw BackendError("cuda_convert to " + to.describe() + ": " + error);
@@ -297,8 +315,7 @@ namespace {
 
 class CudaCompute final : public Compute {
  public:
-  explicit CudaCompute(int device)
-      : device_(device), stream_(cuda_communication_stream(device)) {
+  explicit CudaCompute(int device) : device_(device), stream_(cuda_communication_stream(device)) {
     // The calling thread (the communication thread) launches on this device.
     cuda_set_device(device);
   }
@@ -334,8 +351,8 @@ class CudaCompute final : public Compute {
   void axpby(double a, const TensorView& x, double b, const TensorView& y) override {
     cuda_axpby(a, x, b, y, stream_);
   }
-  void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
-                 const TensorView& r, const TensorView& diff) override {
+  void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l, const TensorView& r,
+                 const TensorView& diff) override {
     cuda_ring_diff(x, w, l, r, diff, stream_);
   }
   void finish(std::string_view what, std::chrono::milliseconds timeout) override {

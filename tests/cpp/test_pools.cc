@@ -134,6 +134,7 @@ TEST_CASE("caching allocator blocks move and are returned from other threads") {
   CountingSystem system;
   auto pool = system.make();
   std::vector<CachingAllocator::Block> blocks;
+  blocks.reserve(8);
   for (int i = 0; i < 8; ++i) blocks.push_back(pool.allocate(4096));
   CachingAllocator::Block moved = std::move(blocks.back());
   blocks.pop_back();
@@ -149,8 +150,9 @@ TEST_CASE("the event pool recycles events instead of creating new ones") {
   int destroyed = 0;
   std::vector<int> storage(16);
   {
-    EventPool pool([&] { return static_cast<void*>(&storage.at(static_cast<std::size_t>(created++))); },
-                   [&](void*) { ++destroyed; });
+    EventPool pool(
+        [&] { return static_cast<void*>(&storage.at(static_cast<std::size_t>(created++))); },
+        [&](void*) { ++destroyed; });
     void* first = nullptr;
     {
       auto a = pool.acquire();

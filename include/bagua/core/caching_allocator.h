@@ -35,9 +35,9 @@ namespace bagua {
 
 struct CachingAllocatorStats {
   std::size_t blocks_in_use = 0;
-  std::size_t bytes_in_use = 0;     // size-class bytes handed out
+  std::size_t bytes_in_use = 0;  // size-class bytes handed out
   std::size_t blocks_cached = 0;
-  std::size_t bytes_cached = 0;     // freed and kept for reuse
+  std::size_t bytes_cached = 0;        // freed and kept for reuse
   std::size_t system_allocations = 0;  // calls to the underlying allocate
   std::size_t cache_hits = 0;
 };

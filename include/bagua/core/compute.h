@@ -100,8 +100,8 @@ class HostCompute final : public Compute {
   }
   void divide(const TensorView& x, std::int64_t divisor) override { divide_inplace(x, divisor); }
   void axpby(double a, const TensorView& x, double b, const TensorView& y) override {
-    BAGUA_CHECK_INTERNAL(x.numel == y.numel && x.dtype == y.dtype, "axpby: {} and {}",
-                         x.describe(), y.describe());
+    BAGUA_CHECK_INTERNAL(x.numel == y.numel && x.dtype == y.dtype, "axpby: {} and {}", x.describe(),
+                         y.describe());
     dispatch_dtype(y.dtype, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (std::is_floating_point_v<T> || is_half_type_v<T>) {
@@ -116,8 +116,8 @@ class HostCompute final : public Compute {
       }
     });
   }
-  void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
-                 const TensorView& r, const TensorView& diff) override {
+  void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l, const TensorView& r,
+                 const TensorView& diff) override {
     dispatch_dtype(x.dtype, [&](auto tag) {
       using T = decltype(tag);
       const T* xs = x.data_as<T>();

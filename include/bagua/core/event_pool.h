@@ -29,7 +29,8 @@ class EventPool {
    public:
     Lease() = default;
     Lease(Lease&& other) noexcept
-        : pool_(std::exchange(other.pool_, nullptr)), event_(std::exchange(other.event_, nullptr)) {}
+        : pool_(std::exchange(other.pool_, nullptr)),
+          event_(std::exchange(other.event_, nullptr)) {}
     Lease& operator=(Lease&& other) noexcept {
       if (this != &other) {
         reset();

@@ -36,26 +36,46 @@ class Timeline {
 
   void instant(const std::string& name, const std::string& category, int lane,
                nlohmann::json args = nlohmann::json::object()) {
-    push({{"name", name}, {"cat", category}, {"ph", "i"}, {"s", "t"}, {"ts", now_us()},
-          {"pid", rank_}, {"tid", lane}, {"args", std::move(args)}});
+    push({{"name", name},
+          {"cat", category},
+          {"ph", "i"},
+          {"s", "t"},
+          {"ts", now_us()},
+          {"pid", rank_},
+          {"tid", lane},
+          {"args", std::move(args)}});
   }
 
   // A span [start_us, end_us) ("complete" event).
   void span(const std::string& name, const std::string& category, int lane, std::int64_t start_us,
             std::int64_t end_us, nlohmann::json args = nlohmann::json::object()) {
-    push({{"name", name}, {"cat", category}, {"ph", "X"}, {"ts", start_us},
-          {"dur", end_us - start_us}, {"pid", rank_}, {"tid", lane}, {"args", std::move(args)}});
+    push({{"name", name},
+          {"cat", category},
+          {"ph", "X"},
+          {"ts", start_us},
+          {"dur", end_us - start_us},
+          {"pid", rank_},
+          {"tid", lane},
+          {"args", std::move(args)}});
   }
 
   std::string to_json() const {
     std::lock_guard lock(mutex_);
     nlohmann::json events = nlohmann::json::array();
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_},
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", rank_},
                       {"args", {{"name", "rank " + std::to_string(rank_)}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", kTrainingLane},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", rank_},
+                      {"tid", kTrainingLane},
                       {"args", {{"name", "training"}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_},
-                      {"tid", kCommunicationLane}, {"args", {{"name", "communication"}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", rank_},
+                      {"tid", kCommunicationLane},
+                      {"args", {{"name", "communication"}}}});
     for (const auto& event : events_) events.push_back(event);
     return nlohmann::json{{"traceEvents", std::move(events)},
                           {"displayTimeUnit", "ms"},
