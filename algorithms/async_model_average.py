@@ -11,6 +11,8 @@ ran different numbers of steps stop cleanly; training goes on locally) and
 
 from typing import List
 
+import torch
+
 from bagua.torch_api._core import InvalidArgumentError
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
 from bagua.torch_api.algorithms.decentralized import weight_tensors
@@ -100,15 +102,27 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
 
     def lock(self, bagua_ddp) -> None:
         if not self._locked:
+            stream = self._training_stream(bagua_ddp)
             for op in self.ops:
-                op.lock_weight()
+                op.lock_weight(cuda_stream=stream)
             self._locked = True
 
     def unlock(self, bagua_ddp) -> None:
         if self._locked:
+            stream = self._training_stream(bagua_ddp)
             for op in reversed(self.ops):
-                op.unlock_weight()
+                op.unlock_weight(cuda_stream=stream)
             self._locked = False
+
+    @staticmethod
+    def _training_stream(bagua_ddp):
+        """CUDA weights: the stream training runs on, so the background
+        averaging is ordered with its kernels (None for CPU weights)."""
+        for param in bagua_ddp.module.parameters():
+            if param.is_cuda:
+                return torch.cuda.current_stream(param.device).cuda_stream
+            return None
+        return None
 
     def abort(self, bagua_ddp) -> None:
         self.unlock(bagua_ddp)

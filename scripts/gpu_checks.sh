@@ -33,10 +33,9 @@ step "kernel bandwidth vs device-to-device copy"
 step "NCCL allreduce through the Communicator vs raw ncclAllReduce (world 1)"
 ./build-gpu/bench_nccl_overhead --json "$OUT/nccl_overhead.json" 2>&1 | tee -a "$OUT/summary.txt"
 
-# Every algorithm that runs on CUDA buckets (all but the asynchronous model
-# average), first NCCL with one process, then 4 processes sharing the GPU
-# over host-staged Gloo.
-ALGOS="gradient_allreduce bytegrad qadam decentralized decentralized_ring low_precision_decentralized_ring"
+# Every algorithm on CUDA tensors, first NCCL with one process, then 4
+# processes sharing the GPU over host-staged Gloo.
+ALGOS="gradient_allreduce bytegrad qadam decentralized decentralized_ring low_precision_decentralized_ring async_model_average"
 for algo in $ALGOS; do
   step "digits, $algo, NCCL, 1 process"
   BAGUA_BACKEND=nccl $PY -m bagua.distributed.launch --nproc_per_node 1 examples/digits_mlp.py \

@@ -23,8 +23,17 @@ AsyncModelAverageOp::AsyncModelAverageOp(std::shared_ptr<Communicator> comm, con
                   to_string(dtype_));
   for (const auto& tensor : bucket.tensors()) weights_.push_back(tensor.view);
   numel_ = bucket.numel();
-  snapshot_.resize(bucket.nbytes());
-  sum_.resize(bucket.nbytes());
+  device_ = bucket.device();
+  if (device_.type == DeviceType::kCUDA) {
+    // Its own stream: rounds run while the buckets' path uses the
+    // communication stream.
+    stream_ = cuda_stream_create(device_.index);
+    compute_ = make_cuda_compute(device_.index, stream_);
+  } else {
+    compute_ = std::make_unique<HostCompute>();
+  }
+  snapshot_ = compute_->scratch(bucket.nbytes());
+  sum_ = compute_->scratch(bucket.nbytes());
 }
 
 AsyncModelAverageOp::~AsyncModelAverageOp() {
@@ -35,6 +44,19 @@ AsyncModelAverageOp::~AsyncModelAverageOp() {
     thread_.request_stop();
     state_changed_.notify_all();
     thread_.join();
+  }
+  if (stream_ != nullptr) {
+    // Nothing of ours may still run when the blocks go back to the pool.
+    try {
+      compute_->finish("asynchronous model average shutdown", comm_->timeout());
+    } catch (const std::exception& e) {
+      log().warn("rank {}: asynchronous model average shutdown: {}", comm_->rank(), e.what());
+    }
+    released_.reset();
+    snapshot_.reset();
+    sum_.reset();
+    compute_.reset();
+    cuda_stream_destroy(stream_);
   }
 }
 
@@ -53,12 +75,34 @@ void AsyncModelAverageOp::start_locked() {
   thread_ = std::jthread([this](const std::stop_token& stop) { loop(stop); });
 }
 
-void AsyncModelAverageOp::lock_weight() {
+void AsyncModelAverageOp::lock(bool on_stream, void* cuda_stream) {
   weight_mutex_.lock();
-  service_locked();
+  try {
+    EventPool::Lease now;
+    if (on_stream && device_.type == DeviceType::kCUDA) {
+      now = cuda_event_pool(device_.index).acquire();
+      cuda_event_record(now.get(), cuda_stream);
+    }
+    service_locked(now.get());
+  } catch (...) {
+    weight_mutex_.unlock();
+    throw;
+  }
 }
 
-void AsyncModelAverageOp::unlock_weight() { weight_mutex_.unlock(); }
+void AsyncModelAverageOp::unlock(bool on_stream, void* cuda_stream) {
+  if (on_stream && device_.type == DeviceType::kCUDA) {
+    try {
+      auto event = cuda_event_pool(device_.index).acquire();
+      cuda_event_record(event.get(), cuda_stream);
+      released_ = std::move(event);
+    } catch (...) {
+      weight_mutex_.unlock();
+      throw;
+    }
+  }
+  weight_mutex_.unlock();
+}
 
 void AsyncModelAverageOp::abort() {
   {
@@ -110,33 +154,36 @@ void AsyncModelAverageOp::rethrow_failure() const {
   if (failure_) std::rethrow_exception(failure_);
 }
 
-void AsyncModelAverageOp::service_locked() {
+void AsyncModelAverageOp::service_locked(void* after) {
   std::unique_lock lock(state_mutex_);
-  if (want_snapshot_) {
-    std::size_t offset = 0;
-    for (const auto& w : weights_) {
-      std::memcpy(snapshot_.data() + offset, w.data, w.nbytes());
-      offset += w.nbytes();
-    }
-    want_snapshot_ = false;
+  if (!want_snapshot_ && !delta_ready_) return;
+  if (device_.type == DeviceType::kCUDA) {
+    // The training stream's work on the weights comes first.
+    if (released_) cuda_stream_wait_event(stream_, released_.get());
+    if (after != nullptr) cuda_stream_wait_event(stream_, after);
   }
-  if (delta_ready_) {
-    const std::int64_t n = comm_->size();
+  const TensorView snapshot{snapshot_.data(), numel_, dtype_, device_};
+  const TensorView sum{sum_.data(), numel_, dtype_, device_};
+  if (want_snapshot_) {
     std::int64_t offset = 0;
     for (const auto& w : weights_) {
-      dispatch_dtype(dtype_, [&](auto tag) {
-        using T = decltype(tag);
-        T* dst = w.data_as<T>();
-        const T* sum = reinterpret_cast<const T*>(sum_.data()) + offset;
-        const T* snapshot = reinterpret_cast<const T*>(snapshot_.data()) + offset;
-        for (std::int64_t i = 0; i < w.numel; ++i) {
-          dst[i] = async_average_update(dst[i], sum[i], snapshot[i], n);
-        }
-      });
+      compute_->copy(snapshot.slice(offset, w.numel).data, w.data, w.nbytes());
       offset += w.numel;
     }
-    delta_ready_ = false;
   }
+  if (delta_ready_) {
+    std::int64_t offset = 0;
+    for (const auto& w : weights_) {
+      compute_->async_update(w, sum.slice(offset, w.numel), snapshot.slice(offset, w.numel),
+                             comm_->size());
+      offset += w.numel;
+    }
+  }
+  // Done before anyone reads the snapshot (the allreduce) or the weights.
+  compute_->finish(fmt::format("rank {}: asynchronous model average", comm_->rank()),
+                   comm_->timeout());
+  want_snapshot_ = false;
+  delta_ready_ = false;
   lock.unlock();
   state_changed_.notify_all();
 }
@@ -190,8 +237,8 @@ void AsyncModelAverageOp::loop(const std::stop_token& stop) {
         want_snapshot_ = true;
       }
       await_service(stop, [&] { return !want_snapshot_; });
-      const TensorView snapshot{snapshot_.data(), numel_, dtype_, {}};
-      const TensorView sum{sum_.data(), numel_, dtype_, {}};
+      const TensorView snapshot{snapshot_.data(), numel_, dtype_, device_};
+      const TensorView sum{sum_.data(), numel_, dtype_, device_};
       comm_->allreduce(snapshot, sum, ReduceOp::kSum);
       {
         std::lock_guard lock(state_mutex_);

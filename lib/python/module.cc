@@ -26,14 +26,6 @@ using namespace bagua;
 
 namespace {
 
-// Ops other than C_FP_S compute on the bucket's memory with CPU loops.
-void require_host_bucket(const Bucket& b, const char* op) {
-  BAGUA_CHECK_ARG(b.device().type == DeviceType::kCPU,
-                  "{} runs on CPU tensors; bucket '{}' is on {} (on CUDA buckets this version "
-                  "runs every op except the asynchronous model average)",
-                  op, b.name(), b.device().str());
-}
-
 void require_comm_supports(const Bucket& b, const Communicator& comm, const char* op) {
   BAGUA_CHECK_ARG(comm.supports(b.device().type),
                   "{}: bucket '{}' is on {} but the {} communicator cannot reach that memory "
@@ -440,7 +432,9 @@ PYBIND11_MODULE(bagua_core, m) {
       .def(
           "append_asynchronous_model_average_op",
           [](Bucket& b, CommPtr dedicated, const std::string& mode, std::int64_t sync_interval_ms) {
-            require_host_bucket(b, "asynchronous model average");
+            if (dedicated) {
+              require_comm_supports(b, *dedicated, "append_asynchronous_model_average_op");
+            }
             auto op = std::make_shared<AsyncModelAverageOp>(
                 std::move(dedicated), b,
                 AsyncModelAverageOptions{
@@ -477,8 +471,28 @@ PYBIND11_MODULE(bagua_core, m) {
       .def_property_readonly("communication_step", &DecentralizedSynchronousOp::communication_step);
   py::class_<AsyncModelAverageOp, CommOp, std::shared_ptr<AsyncModelAverageOp>>(
       m, "AsyncModelAverageOp")
-      .def("lock_weight", &AsyncModelAverageOp::lock_weight, release)
-      .def("unlock_weight", &AsyncModelAverageOp::unlock_weight, release)
+      // cuda_stream (CUDA weights): the training stream as an integer, so the
+      // background work is ordered after the kernels using the weights.
+      .def(
+          "lock_weight",
+          [](AsyncModelAverageOp& op, std::optional<std::uintptr_t> stream) {
+            if (stream) {
+              op.lock_weight_on_stream(reinterpret_cast<void*>(*stream));
+            } else {
+              op.lock_weight();
+            }
+          },
+          py::arg("cuda_stream") = std::nullopt, release)
+      .def(
+          "unlock_weight",
+          [](AsyncModelAverageOp& op, std::optional<std::uintptr_t> stream) {
+            if (stream) {
+              op.unlock_weight_on_stream(reinterpret_cast<void*>(*stream));
+            } else {
+              op.unlock_weight();
+            }
+          },
+          py::arg("cuda_stream") = std::nullopt, release)
       .def("abort", &AsyncModelAverageOp::abort, release)
       .def("resume", &AsyncModelAverageOp::resume, release)
       .def("reset", &AsyncModelAverageOp::reset, release)

@@ -106,7 +106,7 @@ void cuda_convert(const TensorView& /*from*/, const TensorView& to, void* /*stre
   no_cuda(to);
 }
 
-std::unique_ptr<Compute> make_cuda_compute(int device) {
+std::unique_ptr<Compute> make_cuda_compute(int device, void* /*stream*/) {
   throw InvalidArgument(fmt::format(
       "cuda:{}: this build of bagua has no CUDA support (rebuild with nvcc available)", device));
 }

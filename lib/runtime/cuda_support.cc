@@ -315,20 +315,22 @@ namespace {
 
 class CudaCompute final : public Compute {
  public:
-  explicit CudaCompute(int device) : device_(device), stream_(cuda_communication_stream(device)) {
-    // The calling thread (the communication thread) launches on this device.
-    cuda_set_device(device);
-  }
+  CudaCompute(int device, void* stream)
+      : device_(device), stream_(stream != nullptr ? stream : cuda_communication_stream(device)) {}
 
   Device device() const override { return Device{DeviceType::kCUDA, device_}; }
 
   CachingAllocator::Block scratch(std::size_t bytes) override {
     return cuda_device_pool(device_).allocate(bytes);
   }
+  // Each call makes the compute's device current for its launch only: the
+  // caller may be the training thread, whose current device stays PyTorch's.
   void copy(void* destination, const void* source, std::size_t bytes) override {
+    const DeviceGuard guard(device_);
     cuda_copy_async(destination, source, bytes, stream_);
   }
   void zero(void* destination, std::size_t bytes) override {
+    const DeviceGuard guard(device_);
     cuda_zero_async(destination, bytes, stream_);
   }
   void convert(const TensorView& from, const TensorView& to) override {
@@ -336,23 +338,34 @@ class CudaCompute final : public Compute {
       copy(to.data, from.data, to.nbytes());
       return;
     }
+    const DeviceGuard guard(device_);
     cuda_convert(from, to, stream_);
   }
   void compress(const TensorView& x, std::int64_t chunk_elements, std::byte* out) override {
+    const DeviceGuard guard(device_);
     cuda_minmax_uint8_compress(x, chunk_elements, out, stream_);
   }
   void decompress(const std::byte* in, std::int64_t chunk_elements, const TensorView& out,
                   bool accumulate) override {
+    const DeviceGuard guard(device_);
     cuda_minmax_uint8_decompress(in, chunk_elements, out, accumulate, stream_);
   }
   void divide(const TensorView& x, std::int64_t divisor) override {
+    const DeviceGuard guard(device_);
     cuda_divide_inplace(x, divisor, stream_);
   }
   void axpby(double a, const TensorView& x, double b, const TensorView& y) override {
+    const DeviceGuard guard(device_);
     cuda_axpby(a, x, b, y, stream_);
+  }
+  void async_update(const TensorView& w, const TensorView& sum, const TensorView& snapshot,
+                    std::int64_t ranks) override {
+    const DeviceGuard guard(device_);
+    cuda_async_average_update(w, sum, snapshot, ranks, stream_);
   }
   void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l, const TensorView& r,
                  const TensorView& diff) override {
+    const DeviceGuard guard(device_);
     cuda_ring_diff(x, w, l, r, diff, stream_);
   }
   void finish(std::string_view what, std::chrono::milliseconds timeout) override {
@@ -366,8 +379,8 @@ class CudaCompute final : public Compute {
 
 }  // namespace
 
-std::unique_ptr<Compute> make_cuda_compute(int device) {
-  return std::make_unique<CudaCompute>(device);
+std::unique_ptr<Compute> make_cuda_compute(int device, void* stream) {
+  return std::make_unique<CudaCompute>(checked_device(device), stream);
 }
 
 }  // namespace bagua

@@ -225,3 +225,38 @@ def test_bucket_op_harness_runs_on_the_cpu(op):
         expected = result
     if op == "d_fp_s_ring":
         assert torch.equal(extra[0], steps[-1])
+
+
+def _async_world_of_one(device):
+    """World of one: every round adds sum/1 - snapshot = 0, so the weights
+    must be exactly what training wrote, with rounds running between the
+    (stream-ordered, on CUDA) lock/unlock calls."""
+    import time
+    comm = bagua_core.gloo_communicator(bagua_core.hash_store(), 0, 1, prefix=f"async-{device}")
+    weights = torch.zeros(10000, device=device)
+    bucket = bagua_core.Bucket("w", [("w0", view(weights))])
+    op = bucket.append_asynchronous_model_average_op(comm.new_group([0]), "all", 1)
+    backend = bagua_core.Backend(0, 30.0)
+    backend.register_ordered_buckets([bucket])
+    on_stream = {} if device == "cpu" else {"cuda_stream": stream()}
+    backend.mark_communication_ready("w0", **on_stream)
+    backend.wait_pending_comm_ops()  # starts the background rounds
+    for _ in range(50):
+        op.lock_weight(**on_stream)
+        weights.add_(1.0)  # "training" on the current stream
+        op.unlock_weight(**on_stream)
+        time.sleep(0.002)
+    op.abort()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    assert op.completed_rounds > 0
+    assert torch.equal(weights.cpu(), torch.full((10000,), 50.0))
+
+
+def test_async_model_average_world_of_one_on_the_cpu():
+    _async_world_of_one("cpu")
+
+
+@gpu
+def test_async_model_average_on_cuda_weights_keeps_training_progress():
+    _async_world_of_one("cuda")

@@ -55,6 +55,9 @@ class Compute {
   virtual void divide(const TensorView& x, std::int64_t divisor) = 0;
   // y = a * x + b * y (floating dtypes).
   virtual void axpby(double a, const TensorView& x, double b, const TensorView& y) = 0;
+  // w = async_average_update(w, sum, snapshot, ranks) element-wise.
+  virtual void async_update(const TensorView& w, const TensorView& sum, const TensorView& snapshot,
+                            std::int64_t ranks) = 0;
   // diff (fp32) = low_precision_ring_diff(x, w, l, r) element-wise.
   virtual void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
                          const TensorView& r, const TensorView& diff) = 0;
@@ -116,6 +119,18 @@ class HostCompute final : public Compute {
       }
     });
   }
+  void async_update(const TensorView& w, const TensorView& sum, const TensorView& snapshot,
+                    std::int64_t ranks) override {
+    dispatch_dtype(w.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* out = w.data_as<T>();
+      const T* sums = sum.data_as<T>();
+      const T* snapshots = snapshot.data_as<T>();
+      for (std::int64_t i = 0; i < w.numel; ++i) {
+        out[i] = async_average_update(out[i], sums[i], snapshots[i], ranks);
+      }
+    });
+  }
   void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l, const TensorView& r,
                  const TensorView& diff) override {
     dispatch_dtype(x.dtype, [&](auto tag) {
@@ -140,9 +155,11 @@ class HostCompute final : public Compute {
   }
 };
 
-// The kernels of kernels/ on the device's communication stream (defined in
-// lib/runtime/cuda_support.cc; an InvalidArgument in a build without CUDA).
-std::unique_ptr<Compute> make_cuda_compute(int device);
+// The kernels of kernels/ on `stream` of `device`, by default the device's
+// communication stream (defined in lib/runtime/cuda_support.cc; an
+// InvalidArgument in a build without CUDA). A compute on another stream
+// must finish() its work before its scratch blocks go back to the pool.
+std::unique_ptr<Compute> make_cuda_compute(int device, void* stream = nullptr);
 
 inline std::unique_ptr<Compute> compute_for(Device device) {
   if (device.type == DeviceType::kCUDA) return make_cuda_compute(device.index);

@@ -14,6 +14,14 @@
 // training thread in lock_weight, or the background thread itself when the
 // lock is free. So updates land at step boundaries and never starve.
 //
+// CUDA weights: the lock is host-side, but the training stream's kernels
+// run later than the host. So `unlock_weight(stream)` records an event on
+// the training stream, and the snapshot/update work (kernels on the op's
+// own stream) waits on it on the device; `lock_weight(stream)` records one
+// too and makes its own service wait on it. Every service ends with the
+// host waiting for the op's stream, so work the training thread enqueues
+// after lock_weight returns comes after the update.
+//
 // Threading: lock_weight/unlock_weight from the training thread;
 // abort/resume/reset/status from any thread. Lock order: weight lock, then
 // the state lock. Every wait is bounded by the communicator's timeout.
@@ -29,6 +37,8 @@
 #include <vector>
 
 #include "bagua/comm/communicator.h"
+#include "bagua/core/compute.h"
+#include "bagua/core/event_pool.h"
 #include "bagua/ops/comm_op.h"
 #include "bagua/ops/peer_selection.h"
 #include "bagua/runtime/bucket.h"
@@ -64,8 +74,12 @@ class AsyncModelAverageOp final : public CommOp {
   // Starts the background rounds if they are idle (not after abort: see resume).
   void execute(Bucket& bucket) override;
 
-  void lock_weight();
-  void unlock_weight();
+  void lock_weight() { lock(false, nullptr); }
+  void unlock_weight() { unlock(false, nullptr); }
+  // For CUDA weights: `cuda_stream` is the training stream (a cudaStream_t;
+  // nullptr is the legacy default stream), see above.
+  void lock_weight_on_stream(void* cuda_stream) { lock(true, cuda_stream); }
+  void unlock_weight_on_stream(void* cuda_stream) { unlock(true, cuda_stream); }
   // Asks every rank to stop (agreed at the next round) and waits until this
   // rank's background thread has finished its last round.
   void abort();
@@ -80,12 +94,15 @@ class AsyncModelAverageOp final : public CommOp {
   void rethrow_failure() const;
 
  private:
+  void lock(bool on_stream, void* cuda_stream);
+  void unlock(bool on_stream, void* cuda_stream);
   void start_locked();
   void stop_and_join();
   void loop(const std::stop_token& stop);
   // Snapshot / update work requested by the background thread; the caller
-  // holds the weight lock.
-  void service_locked();
+  // holds the weight lock. `after` (CUDA: an event on the training stream,
+  // or null) must complete before the work starts.
+  void service_locked(void* after = nullptr);
   // Waits until `done()` holds, doing the work itself when the weight lock
   // is free.
   template <typename Done>
@@ -107,8 +124,16 @@ class AsyncModelAverageOp final : public CommOp {
   std::exception_ptr failure_;
   std::int64_t rounds_ = 0;
 
-  std::vector<std::byte> snapshot_;
-  std::vector<std::byte> sum_;
+  // Snapshot and sum buffers on the weights' device, and the compute that
+  // fills them: host loops, or kernels on a stream of this op's own (CUDA).
+  Device device_;
+  void* stream_ = nullptr;  // owned; CUDA only
+  std::unique_ptr<Compute> compute_;
+  CachingAllocator::Block snapshot_;
+  CachingAllocator::Block sum_;
+  // CUDA: recorded on the training stream by the last unlock_weight (guarded
+  // by the weight lock).
+  EventPool::Lease released_;
   std::jthread thread_;
 };
 
