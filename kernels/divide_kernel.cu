@@ -4,6 +4,7 @@
 
 #include "bagua/core/dtype.h"
 #include "bagua/core/element_math.h"
+#include "launch_helpers.cuh"
 #include "launchers.h"
 
 namespace bagua::kernels {
@@ -16,14 +17,6 @@ __global__ void divide_kernel(T* x, std::int64_t count, std::int64_t divisor) {
        i += stride) {
     x[i] = divide_one(x[i], divisor);
   }
-}
-
-template <typename T>
-void launch_divide(void* x, std::int64_t numel, std::int64_t divisor, cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  const std::int64_t wanted = (numel + kThreads - 1) / kThreads;
-  const int blocks = static_cast<int>(wanted < 65535 ? wanted : 65535);
-  divide_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(x), numel, divisor);
 }
 
 }  // namespace
@@ -40,18 +33,11 @@ int device_count() noexcept {
 const char* divide_inplace(void* x, std::int64_t numel, int dtype, std::int64_t divisor,
                            void* stream) noexcept {
   if (numel == 0 || divisor == 1) return nullptr;
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (static_cast<DType>(dtype)) {
-    case DType::kFloat32: launch_divide<float>(x, numel, divisor, s); break;
-    case DType::kFloat64: launch_divide<double>(x, numel, divisor, s); break;
-    case DType::kFloat16: launch_divide<Half>(x, numel, divisor, s); break;
-    case DType::kBFloat16: launch_divide<BFloat16>(x, numel, divisor, s); break;
-    case DType::kInt32: launch_divide<std::int32_t>(x, numel, divisor, s); break;
-    case DType::kInt64: launch_divide<std::int64_t>(x, numel, divisor, s); break;
-    case DType::kUInt8: launch_divide<std::uint8_t>(x, numel, divisor, s); break;
-  }
-  const cudaError_t status = cudaGetLastError();
-  return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
+  return launch_for_type(dtype, "divide_inplace: unknown dtype", [&](auto tag) {
+    using T = decltype(tag);
+    divide_kernel<T><<<blocks_for(numel), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<T*>(x), numel, divisor);
+  });
 }
 
 }  // namespace bagua::kernels

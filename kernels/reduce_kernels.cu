@@ -7,17 +7,11 @@
 
 #include "bagua/core/dtype.h"
 #include "bagua/core/element_math.h"
+#include "launch_helpers.cuh"
 #include "launchers.h"
 
 namespace bagua::kernels {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(std::int64_t count) {
-  const std::int64_t wanted = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(wanted < 65535 ? wanted : 65535);
-}
 
 template <typename T>
 __global__ void chunked_reduce_kernel(const T* chunks, std::int64_t chunk_count,
@@ -43,28 +37,13 @@ __global__ void async_update_kernel(T* w, const T* sum, const T* snapshot, std::
   }
 }
 
-template <typename Launch>
-const char* dispatch_all(int dtype, Launch&& launch) {
-  switch (static_cast<DType>(dtype)) {
-    case DType::kFloat32: launch(float{}); break;
-    case DType::kFloat64: launch(double{}); break;
-    case DType::kFloat16: launch(Half{}); break;
-    case DType::kBFloat16: launch(BFloat16{}); break;
-    case DType::kInt32: launch(std::int32_t{}); break;
-    case DType::kInt64: launch(std::int64_t{}); break;
-    case DType::kUInt8: launch(std::uint8_t{}); break;
-  }
-  const cudaError_t status = cudaGetLastError();
-  return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
-}
-
 }  // namespace
 
 const char* chunked_reduce(const void* chunks, std::int64_t chunk_count,
                            std::int64_t chunk_elements, int dtype, bool mean, void* out,
                            void* stream) noexcept {
   if (chunk_elements == 0 || chunk_count == 0) return nullptr;
-  return dispatch_all(dtype, [&](auto tag) {
+  return launch_for_type(dtype, "chunked_reduce: unknown dtype", [&](auto tag) {
     using T = decltype(tag);
     chunked_reduce_kernel<T>
         <<<blocks_for(chunk_elements), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
@@ -75,7 +54,7 @@ const char* chunked_reduce(const void* chunks, std::int64_t chunk_count,
 const char* async_average_update(void* w, const void* sum, const void* snapshot, std::int64_t numel,
                                  std::int64_t ranks, int dtype, void* stream) noexcept {
   if (numel == 0) return nullptr;
-  return dispatch_all(dtype, [&](auto tag) {
+  return launch_for_type(dtype, "async_average_update: unknown dtype", [&](auto tag) {
     using T = decltype(tag);
     async_update_kernel<T><<<blocks_for(numel), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<T*>(w), static_cast<const T*>(sum), static_cast<const T*>(snapshot), numel,

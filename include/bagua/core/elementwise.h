@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "bagua/core/cuda_support.h"
 #include "bagua/core/element_math.h"
 #include "bagua/core/tensor_view.h"
 
@@ -84,11 +83,9 @@ inline void reduce_into(ReduceOp op, const TensorView& out, const TensorView& a,
 
 inline void divide_inplace(const TensorView& x, std::int64_t divisor) {
   if (divisor == 1) return;
-  if (x.device.type == DeviceType::kCUDA) {  // device memory: the kernel, then wait for it
-    cuda_divide_inplace(x, divisor, nullptr);
-    cuda_synchronize();
-    return;
-  }
+  // Device memory is divided by Compute (compute.h), on the device's stream.
+  BAGUA_CHECK_ARG(x.device.type == DeviceType::kCPU, "divide_inplace runs on host memory, got {}",
+                  x.describe());
   dispatch_dtype(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     divide_elements<T>(x.data_as<T>(), static_cast<std::size_t>(x.numel), divisor);
