@@ -21,7 +21,7 @@
 
 #include "bagua/comm/nccl_communicator.h"
 #include "bagua/comm/store.h"
-#include "bagua/core/cuda_support.h"
+#include "bagua/core/cuda.h"
 
 namespace {
 

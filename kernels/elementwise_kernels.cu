@@ -1,9 +1,9 @@
-// Element-wise helpers of the comm ops on the device:
+// Generic element-wise kernels of Compute on the device:
+// - divide_inplace: x /= divisor, the averaging step after a sum;
 // - axpby: y = a * x + b * y, the residual arithmetic of error feedback;
-// - convert: a dtype cast, for the fp32 working copy of compressed ops;
-// - ring_diff: the difference the low-precision decentralized op compresses.
-// Both compute through the shared element math (load/store of
-// bagua/core/element_math.h), so 16-bit values round as on the CPU path.
+// - convert: a dtype cast, for the fp32 working copy of compressed ops.
+// They compute through the shared element math (bagua/core/element_math.h),
+// so 16-bit values round as on the CPU path.
 #include <cuda_runtime.h>
 
 #include "bagua/core/dtype.h"
@@ -15,35 +15,34 @@ namespace bagua::kernels {
 namespace {
 
 template <typename T>
+__global__ void divide_kernel(T* x, std::int64_t count, std::int64_t divisor) {
+  for_each_index(count, [&](std::int64_t i) { x[i] = divide_one(x[i], divisor); });
+}
+
+template <typename T>
 __global__ void axpby_kernel(compute_type_t<T> a, const T* x, compute_type_t<T> b, T* y,
                              std::int64_t count) {
-  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += stride) {
-    y[i] = store<T>(a * load(x[i]) + b * load(y[i]));
-  }
+  for_each_index(count, [&](std::int64_t i) { y[i] = store<T>(a * load(x[i]) + b * load(y[i])); });
 }
 
 template <typename From, typename To>
 __global__ void convert_kernel(const From* from, To* to, std::int64_t count) {
-  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += stride) {
+  for_each_index(count, [&](std::int64_t i) {
     to[i] = store<To>(static_cast<compute_type_t<To>>(load(from[i])));
-  }
-}
-
-template <typename T>
-__global__ void ring_diff_kernel(const T* x, const T* w, const T* l, const T* r, float* diff,
-                                 std::int64_t count) {
-  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += stride) {
-    diff[i] = low_precision_ring_diff(x[i], w[i], l[i], r[i]);
-  }
+  });
 }
 
 }  // namespace
+
+const char* divide_inplace(void* x, std::int64_t numel, int dtype, std::int64_t divisor,
+                           void* stream) noexcept {
+  if (numel == 0 || divisor == 1) return nullptr;
+  return launch_for_type(dtype, "divide_inplace: unknown dtype", [&](auto tag) {
+    using T = decltype(tag);
+    divide_kernel<T><<<blocks_for(numel), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<T*>(x), numel, divisor);
+  });
+}
 
 const char* axpby(double a, const void* x, double b, void* y, std::int64_t numel, int dtype,
                   void* stream) noexcept {
@@ -57,17 +56,6 @@ const char* axpby(double a, const void* x, double b, void* y, std::int64_t numel
           static_cast<C>(a), static_cast<const T*>(x), static_cast<C>(b), static_cast<T*>(y),
           numel);
     }
-  });
-}
-
-const char* ring_diff(const void* x, const void* w, const void* l, const void* r, float* diff,
-                      std::int64_t numel, int dtype, void* stream) noexcept {
-  if (numel == 0) return nullptr;
-  return launch_for_type(dtype, "ring_diff: unknown dtype", [&](auto tag) {
-    using T = decltype(tag);
-    ring_diff_kernel<T><<<blocks_for(numel), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(l),
-        static_cast<const T*>(r), diff, numel);
   });
 }
 

@@ -1,7 +1,7 @@
-// What every element-wise kernel file shares: the launch shape (grid-stride
-// loops over 256-thread blocks, at most 65535 blocks), the dtype dispatch of
-// the launchers, and the conversion of the launch status into the
-// launchers' error convention (nullptr on success).
+// What every kernel file shares: the launch shape (grid-stride loops over
+// 256-thread blocks, at most 65535 blocks), the grid-stride loop itself, the
+// dtype dispatch of the launchers, and the conversion of the launch status
+// into the launchers' error convention (nullptr on success).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +18,17 @@ constexpr int kThreads = 256;
 inline unsigned blocks_for(std::int64_t count) {
   const std::int64_t wanted = (count + kThreads - 1) / kThreads;
   return static_cast<unsigned>(wanted < 65535 ? wanted : 65535);
+}
+
+// Calls body(i) for each index i < count that falls to this thread: the
+// grid-stride loop of every element-wise kernel, so any grid covers any count.
+template <typename Body>
+__device__ inline void for_each_index(std::int64_t count, Body&& body) {
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride) {
+    body(i);
+  }
 }
 
 // Calls launch(T{}) with T the C++ type of `dtype`; false for an unknown value.

@@ -9,14 +9,13 @@
 
 #include "bagua/compression/minmax_uint8.h"
 #include "bagua/core/dtype.h"
+#include "launch_helpers.cuh"
 #include "launchers.h"
 
 namespace bagua::kernels {
 namespace {
 
 namespace q = ::bagua::minmax_uint8;
-
-constexpr int kThreads = 256;
 
 template <typename T>
 __global__ void compress_kernel(const T* x, std::int64_t numel, std::int64_t chunk_elements,
@@ -93,8 +92,7 @@ const char* dispatch_float(int dtype, Launch&& launch) {
     case DType::kFloat64: launch(double{}); break;
     default: return "MinMaxUInt8 compresses floating point tensors only";
   }
-  const cudaError_t status = cudaGetLastError();
-  return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
+  return last_launch_error();
 }
 
 }  // namespace

@@ -1,13 +1,17 @@
-// Everything a C++ user of the runtime needs, in one include.
+// Everything a C++ user of the runtime needs, in one include. The layers,
+// lowest first: core, comm and compression, runtime, ops.
 #pragma once
 
 #include "bagua/comm/communicator.h"
 #include "bagua/comm/gloo_communicator.h"
 #include "bagua/comm/store.h"
-#include "bagua/compression/compressor.h"
+#include "bagua/compression/chunked_layout.h"
+#include "bagua/compression/minmax_uint8.h"
+#include "bagua/compression/minmax_uint8_view.h"
 #include "bagua/core/dtype.h"
 #include "bagua/core/elementwise.h"
 #include "bagua/core/errors.h"
+#include "bagua/core/reduce_op.h"
 #include "bagua/core/tensor_view.h"
 #include "bagua/ops/asynchronous_model_average.h"
 #include "bagua/ops/callback_op.h"
@@ -15,7 +19,10 @@
 #include "bagua/ops/centralized_synchronous.h"
 #include "bagua/ops/decentralized_low_precision.h"
 #include "bagua/ops/decentralized_synchronous.h"
+#include "bagua/ops/op_steps.h"
 #include "bagua/ops/peer_selection.h"
 #include "bagua/runtime/backend.h"
 #include "bagua/runtime/bucket.h"
+#include "bagua/runtime/comm_op.h"
+#include "bagua/runtime/compute.h"
 #include "bagua/runtime/planner.h"

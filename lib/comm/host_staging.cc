@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "bagua/core/cuda_support.h"
+#include "bagua/core/cuda.h"
 #include "bagua/core/errors.h"
 
 namespace bagua {

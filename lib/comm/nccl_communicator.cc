@@ -18,10 +18,11 @@
 
 #include <fmt/format.h>
 
-#include "bagua/core/cuda_support.h"
+#include "bagua/core/cuda.h"
 #include "bagua/core/env.h"
 #include "bagua/core/errors.h"
 #include "bagua/core/logging.h"
+#include "core/cuda_checks.h"
 
 namespace bagua {
 namespace {
@@ -119,8 +120,8 @@ class NcclCommunicator final : public Communicator {
     if (options_.communication_stream) {
       stream_ = static_cast<cudaStream_t>(cuda_communication_stream(options_.device));
     } else {
-      owned_stream_ = cuda_stream_create(options_.device);
-      stream_ = static_cast<cudaStream_t>(owned_stream_);
+      owned_stream_ = Stream(options_.device);
+      stream_ = static_cast<cudaStream_t>(owned_stream_.get());
     }
     ncclUniqueId id{};
     const std::string key = options_.prefix + "/nccl_unique_id";
@@ -146,7 +147,7 @@ class NcclCommunicator final : public Communicator {
         log().warn("rank {}: ncclCommDestroy failed: {}", rank_, lib_.get_error_string(result));
       }
     }
-    cuda_stream_destroy(owned_stream_);
+    owned_stream_.reset();
     for (void* p : scratch_) cudaFree(p);
   }
 
@@ -474,17 +475,19 @@ class NcclCommunicator final : public Communicator {
     return scratch_[index];
   }
 
+  // The error checks of lib/core/cuda_checks.h, naming the op and the rank
+  // (formatted only on failure).
   void check_nccl(ncclResult_t result, const char* call, const char* op) const {
     if (result != ncclSuccess && result != ncclInProgress) {
-      throw BackendError(fmt::format("{} ({}) on rank {} of {}: {}", op, call, rank_, size_,
-                                     lib_.get_error_string(result)));
+      detail::throw_backend_error(where(op), call, lib_.get_error_string(result));
     }
   }
   void check_cuda(cudaError_t result, const char* call, const char* op) const {
-    if (result != cudaSuccess) {
-      throw BackendError(fmt::format("{} ({}) on rank {} of {}: {}", op, call, rank_, size_,
-                                     cudaGetErrorString(result)));
-    }
+    if (result != cudaSuccess)
+      detail::throw_backend_error(where(op), call, cudaGetErrorString(result));
+  }
+  std::string where(const char* op) const {
+    return fmt::format("{} on rank {} of {}", op, rank_, size_);
   }
   void check_root(const char* op, int root) const {
     BAGUA_CHECK_ARG(root >= 0 && root < size_, "{}: root {} is outside the group of size {}", op,
@@ -517,7 +520,7 @@ class NcclCommunicator final : public Communicator {
   int size_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  void* owned_stream_ = nullptr;  // a dedicated stream, else null
+  Stream owned_stream_;  // a dedicated stream, else none
   int group_counter_ = 0;
   std::atomic<bool> aborted_{false};
   std::vector<void*> scratch_;

@@ -4,8 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "bagua/core/elementwise.h"
 #include "bagua/core/logging.h"
+#include "bagua/ops/op_steps.h"
+#include "bagua/runtime/cuda_compute.h"
 
 namespace bagua {
 
@@ -27,8 +28,8 @@ AsyncModelAverageOp::AsyncModelAverageOp(std::shared_ptr<Communicator> comm, con
   if (device_.type == DeviceType::kCUDA) {
     // Its own stream: rounds run while the buckets' path uses the
     // communication stream.
-    stream_ = cuda_stream_create(device_.index);
-    compute_ = make_cuda_compute(device_.index, stream_);
+    stream_ = Stream(device_.index);
+    compute_ = make_cuda_compute(device_.index, stream_.get());
   } else {
     compute_ = std::make_unique<HostCompute>();
   }
@@ -45,7 +46,7 @@ AsyncModelAverageOp::~AsyncModelAverageOp() {
     state_changed_.notify_all();
     thread_.join();
   }
-  if (stream_ != nullptr) {
+  if (stream_.get() != nullptr) {
     // Nothing of ours may still run when the blocks go back to the pool.
     try {
       compute_->finish("asynchronous model average shutdown", comm_->timeout());
@@ -56,7 +57,7 @@ AsyncModelAverageOp::~AsyncModelAverageOp() {
     snapshot_.reset();
     sum_.reset();
     compute_.reset();
-    cuda_stream_destroy(stream_);
+    stream_.reset();
   }
 }
 
@@ -159,8 +160,8 @@ void AsyncModelAverageOp::service_locked(void* after) {
   if (!want_snapshot_ && !delta_ready_) return;
   if (device_.type == DeviceType::kCUDA) {
     // The training stream's work on the weights comes first.
-    if (released_) cuda_stream_wait_event(stream_, released_.get());
-    if (after != nullptr) cuda_stream_wait_event(stream_, after);
+    if (released_) cuda_stream_wait_event(stream_.get(), released_.get());
+    if (after != nullptr) cuda_stream_wait_event(stream_.get(), after);
   }
   const TensorView snapshot{snapshot_.data(), numel_, dtype_, device_};
   const TensorView sum{sum_.data(), numel_, dtype_, device_};
@@ -174,8 +175,8 @@ void AsyncModelAverageOp::service_locked(void* after) {
   if (delta_ready_) {
     std::int64_t offset = 0;
     for (const auto& w : weights_) {
-      compute_->async_update(w, sum.slice(offset, w.numel), snapshot.slice(offset, w.numel),
-                             comm_->size());
+      apply_async_average_update(*compute_, w, sum.slice(offset, w.numel),
+                                 snapshot.slice(offset, w.numel), comm_->size());
       offset += w.numel;
     }
   }

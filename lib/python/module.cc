@@ -17,9 +17,10 @@
 #include "bagua/bagua.h"
 #include "bagua/comm/host_staging.h"
 #include "bagua/comm/nccl_communicator.h"
-#include "bagua/core/cuda_support.h"
+#include "bagua/core/cuda.h"
 #include "bagua/core/env.h"
 #include "bagua/core/logging.h"
+#include "bagua/runtime/cuda_compute.h"
 
 namespace py = pybind11;
 using namespace bagua;
@@ -207,7 +208,6 @@ PYBIND11_MODULE(bagua_core, m) {
         cuda_async_average_update(w, sum, snapshot, ranks, reinterpret_cast<void*>(stream));
       },
       py::arg("w"), py::arg("sum"), py::arg("snapshot"), py::arg("ranks"), py::arg("stream") = 0);
-  m.def("cuda_synchronize", &cuda_synchronize, py::call_guard<py::gil_scoped_release>());
   // Pool statistics, to check that steady-state iterations reuse memory and
   // events (device -1: the pinned host staging pool).
   m.def("cuda_event_pool_created", [](int device) { return cuda_event_pool(device).created(); });

@@ -1,11 +1,12 @@
 #include "bagua/runtime/backend.h"
 
+#include <optional>
 #include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "bagua/core/cuda_support.h"
+#include "bagua/core/cuda.h"
 #include "bagua/core/env.h"
 #include "bagua/core/errors.h"
 #include "bagua/core/logging.h"
@@ -230,17 +231,13 @@ void Backend::communication_loop(const std::stop_token& stop) {
 
 std::exception_ptr Backend::run_bucket(std::size_t index, Bucket& bucket) {
   const Device device = bucket.device();
+  std::optional<DeviceGuard> current;  // CUDA: the bucket's device, while its ops run
   void* stream = nullptr;
-  std::vector<EventPool::Lease> events;
+  std::vector<EventPool::Lease> events;  // returned to the pool after the stream wait
   if (device.type == DeviceType::kCUDA) {
-    {
-      std::lock_guard guard(mutex_);
-      events = std::move(ready_events_[index]);
-      ready_events_[index].clear();
-      ready_events_[index].resize(bucket.tensors().size());
-    }
     try {
-      cuda_set_device(device.index);
+      events = take_ready_events(index, bucket);
+      current.emplace(device.index);
       stream = cuda_communication_stream(device.index);
       for (const auto& event : events) {
         if (event) cuda_stream_wait_event(stream, event.get());
@@ -250,31 +247,10 @@ std::exception_ptr Backend::run_bucket(std::size_t index, Bucket& bucket) {
     }
   }
   for (std::size_t op_index = 0; op_index < bucket.ops().size(); ++op_index) {
-    const auto& op = bucket.ops()[op_index];
-    {
-      std::lock_guard guard(mutex_);
-      running_op_ = std::string(op->name());
-    }
     try {
-      const auto start = std::chrono::steady_clock::now();
-      const std::int64_t start_us = options_.timeline ? options_.timeline->now_us() : 0;
-      const std::int64_t bytes_before = op->bytes_sent();
-      op->execute(bucket);
-      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-      if (options_.timeline) {
-        options_.timeline->span(std::string(op->name()), "comm_op", Timeline::kCommunicationLane,
-                                start_us, options_.timeline->now_us(),
-                                {{"bucket", bucket.name()},
-                                 {"bytes_sent", op->bytes_sent() - bytes_before},
-                                 {"bucket_bytes", bucket.nbytes()}});
-      }
-      std::lock_guard guard(mutex_);
-      auto& stats = op_stats_[index];
-      if (stats.size() < bucket.ops().size()) stats.resize(bucket.ops().size());
-      stats[op_index].executions += 1;
-      stats[op_index].total_seconds += took.count();
+      run_op(index, op_index, bucket);
     } catch (const std::exception& e) {
-      return annotate(e, op->name(), bucket);
+      return annotate(e, bucket.ops()[op_index]->name(), bucket);
     }
   }
   if (stream != nullptr) {
@@ -289,6 +265,39 @@ std::exception_ptr Backend::run_bucket(std::size_t index, Bucket& bucket) {
     }
   }
   return nullptr;
+}
+
+std::vector<EventPool::Lease> Backend::take_ready_events(std::size_t index, const Bucket& bucket) {
+  std::lock_guard guard(mutex_);
+  std::vector<EventPool::Lease> events = std::move(ready_events_[index]);
+  ready_events_[index].clear();
+  ready_events_[index].resize(bucket.tensors().size());
+  return events;
+}
+
+void Backend::run_op(std::size_t index, std::size_t op_index, Bucket& bucket) {
+  const auto& op = bucket.ops()[op_index];
+  {
+    std::lock_guard guard(mutex_);
+    running_op_ = std::string(op->name());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t start_us = options_.timeline ? options_.timeline->now_us() : 0;
+  const std::int64_t bytes_before = op->bytes_sent();
+  op->execute(bucket);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  if (options_.timeline) {
+    options_.timeline->span(std::string(op->name()), "comm_op", Timeline::kCommunicationLane,
+                            start_us, options_.timeline->now_us(),
+                            {{"bucket", bucket.name()},
+                             {"bytes_sent", op->bytes_sent() - bytes_before},
+                             {"bucket_bytes", bucket.nbytes()}});
+  }
+  std::lock_guard guard(mutex_);
+  auto& stats = op_stats_[index];
+  if (stats.size() < bucket.ops().size()) stats.resize(bucket.ops().size());
+  stats[op_index].executions += 1;
+  stats[op_index].total_seconds += took.count();
 }
 
 std::exception_ptr Backend::annotate(const std::exception& e, std::string_view op,

@@ -11,7 +11,7 @@
 
 #include "bagua/comm/communicator.h"
 #include "bagua/comm/host_staging.h"
-#include "bagua/core/cuda_support.h"
+#include "bagua/core/cuda.h"
 #include "rank_threads.h"
 #include "typed_buffer.h"
 

@@ -11,8 +11,9 @@
 #include <vector>
 
 #include "bagua/core/caching_allocator.h"
-#include "bagua/core/compute.h"
+#include "bagua/core/cuda.h"
 #include "bagua/core/event_pool.h"
+#include "bagua/runtime/compute.h"
 #include "typed_buffer.h"
 
 using namespace bagua;

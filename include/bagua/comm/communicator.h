@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "bagua/comm/reduce_op.h"
+#include "bagua/core/reduce_op.h"
 #include "bagua/core/tensor_view.h"
 
 namespace bagua {
@@ -86,7 +86,7 @@ class Communicator {
 
   // Like new_group, for the buckets' ops on the communication thread: a
   // backend with device streams puts the group's collectives on the device's
-  // communication stream (cuda_support.h), in order with the ops' kernels and
+  // communication stream (bagua/core/cuda.h), in order with the ops' kernels and
   // ready-event waits. Other groups keep streams of their own, so calls made
   // concurrently from other threads never queue behind the buckets'.
   virtual std::unique_ptr<Communicator> new_bucket_group(std::span<const int> ranks) {

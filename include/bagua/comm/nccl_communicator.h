@@ -30,7 +30,7 @@ struct NcclOptions {
   // Bound on every wait; zero means BAGUA_COMM_TIMEOUT_S.
   std::chrono::milliseconds timeout{0};
   // True: collectives run on the device's communication stream, ordered with
-  // the comm ops' kernels and ready-event waits (cuda_support.h); for the
+  // the comm ops' kernels and ready-event waits (bagua/core/cuda.h); for the
   // buckets' communicator and its subgroups (new_bucket_group). False: on a
   // stream of its own, so calls from other threads (user collectives, the
   // asynchronous model average's) never queue behind, and deadlock with,

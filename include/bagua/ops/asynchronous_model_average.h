@@ -37,11 +37,12 @@
 #include <vector>
 
 #include "bagua/comm/communicator.h"
-#include "bagua/core/compute.h"
+#include "bagua/core/cuda.h"
 #include "bagua/core/event_pool.h"
-#include "bagua/ops/comm_op.h"
 #include "bagua/ops/peer_selection.h"
 #include "bagua/runtime/bucket.h"
+#include "bagua/runtime/comm_op.h"
+#include "bagua/runtime/compute.h"
 
 namespace bagua {
 
@@ -127,7 +128,7 @@ class AsyncModelAverageOp final : public CommOp {
   // Snapshot and sum buffers on the weights' device, and the compute that
   // fills them: host loops, or kernels on a stream of this op's own (CUDA).
   Device device_;
-  void* stream_ = nullptr;  // owned; CUDA only
+  Stream stream_;  // CUDA only
   std::unique_ptr<Compute> compute_;
   CachingAllocator::Block snapshot_;
   CachingAllocator::Block sum_;

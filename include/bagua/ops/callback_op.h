@@ -14,10 +14,10 @@
 #include <string>
 #include <string_view>
 
-#include "bagua/core/compute.h"
 #include "bagua/core/env.h"
-#include "bagua/ops/comm_op.h"
 #include "bagua/runtime/bucket.h"
+#include "bagua/runtime/comm_op.h"
+#include "bagua/runtime/compute.h"
 
 namespace bagua {
 

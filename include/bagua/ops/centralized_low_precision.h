@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "bagua/comm/communicator.h"
-#include "bagua/compression/compressor.h"
-#include "bagua/core/compute.h"
-#include "bagua/ops/comm_op.h"
+#include "bagua/compression/chunked_layout.h"
 #include "bagua/runtime/bucket.h"
+#include "bagua/runtime/comm_op.h"
+#include "bagua/runtime/compute.h"
 
 namespace bagua {
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "bagua/comm/communicator.h"
-#include "bagua/core/compute.h"
-#include "bagua/ops/comm_op.h"
 #include "bagua/runtime/bucket.h"
+#include "bagua/runtime/comm_op.h"
+#include "bagua/runtime/compute.h"
 
 namespace bagua {
 

@@ -19,10 +19,11 @@
 #include <vector>
 
 #include "bagua/comm/communicator.h"
-#include "bagua/compression/compressor.h"
-#include "bagua/core/compute.h"
-#include "bagua/ops/comm_op.h"
+#include "bagua/compression/chunked_layout.h"
+#include "bagua/ops/op_steps.h"
 #include "bagua/runtime/bucket.h"
+#include "bagua/runtime/comm_op.h"
+#include "bagua/runtime/compute.h"
 
 namespace bagua {
 
@@ -88,7 +89,7 @@ class LowPrecisionDecentralizedOp final : public CommOp {
     const std::size_t bytes = minmax_uint8::ChunkedLayout{numel, kChunkElements}.bytes();
     const auto diff_block = c.scratch(static_cast<std::size_t>(numel) * sizeof(float));
     const TensorView diff = c.view(diff_block, numel, DType::kFloat32);
-    c.ring_diff(x, weight_, left_, right_, diff);
+    apply_low_precision_ring_diff(c, x, weight_, left_, right_, diff);
     const auto mine = c.scratch(bytes);
     const auto from_left = c.scratch(bytes);
     const auto from_right = c.scratch(bytes);

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "bagua/comm/communicator.h"
-#include "bagua/core/compute.h"
-#include "bagua/ops/comm_op.h"
 #include "bagua/ops/peer_selection.h"
 #include "bagua/runtime/bucket.h"
+#include "bagua/runtime/comm_op.h"
+#include "bagua/runtime/compute.h"
 
 namespace bagua {
 

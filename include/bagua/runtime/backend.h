@@ -97,6 +97,10 @@ class Backend {
                    const void* const* cuda_stream = nullptr);
   // Runs the bucket's ops, returning the first failure (null on success).
   std::exception_ptr run_bucket(std::size_t index, Bucket& bucket);
+  // The ready events of a CUDA bucket's tensors, taken for this run.
+  std::vector<EventPool::Lease> take_ready_events(std::size_t index, const Bucket& bucket);
+  // Runs one op of the bucket, recording its time (stats, timeline).
+  void run_op(std::size_t index, std::size_t op_index, Bucket& bucket);
   std::exception_ptr annotate(const std::exception& e, std::string_view op,
                               const Bucket& bucket) const;
   void schedule_ready_buckets_locked();

@@ -21,7 +21,7 @@
 
 #include "bagua/core/errors.h"
 #include "bagua/core/tensor_view.h"
-#include "bagua/ops/comm_op.h"
+#include "bagua/runtime/comm_op.h"
 
 namespace bagua {
 

@@ -1,12 +1,17 @@
 // Compute: where a comm op's element-wise work runs.
 //
 // An op is written once against this interface; `compute_for(device)` gives
-// the host loops for CPU buckets and the CUDA kernels for GPU buckets. On
-// the GPU every call is enqueued on the device's communication stream (see
-// cuda_support.h), the stream the communicators also use, so kernels,
+// the host loops for CPU buckets (HostCompute, below) and the CUDA kernels
+// for GPU buckets (CudaCompute, cuda_compute.h). On the GPU every call is
+// enqueued on one stream, by default the device's communication stream
+// (bagua/core/cuda.h), the stream the communicators also use, so kernels,
 // staging copies and collectives run in the order the op issues them
-// without the host waiting in between. `finish` is the one host wait, for
-// an op that must read a result on the host.
+// without the host waiting in between. `finish` is the one host wait, for an
+// op that must read a result on the host.
+//
+// The interface holds the generic steps (copy, convert, compress, divide,
+// axpby...). A step whose formula belongs to one op is written with that op
+// (bagua/ops/op_steps.h) and run through `run_custom`.
 //
 // Scratch memory comes from a caching pool per device (caching_allocator.h),
 // so an op that needs temporaries every step allocates them once.
@@ -16,12 +21,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string_view>
+#include <type_traits>
 
-#include "bagua/compression/compressor.h"
+#include "bagua/compression/chunked_layout.h"
 #include "bagua/core/caching_allocator.h"
-#include "bagua/core/cuda_support.h"
 #include "bagua/core/elementwise.h"
 #include "bagua/core/tensor_view.h"
 
@@ -55,12 +61,11 @@ class Compute {
   virtual void divide(const TensorView& x, std::int64_t divisor) = 0;
   // y = a * x + b * y (floating dtypes).
   virtual void axpby(double a, const TensorView& x, double b, const TensorView& y) = 0;
-  // w = async_average_update(w, sum, snapshot, ranks) element-wise.
-  virtual void async_update(const TensorView& w, const TensorView& sum, const TensorView& snapshot,
-                            std::int64_t ranks) = 0;
-  // diff (fp32) = low_precision_ring_diff(x, w, l, r) element-wise.
-  virtual void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
-                         const TensorView& r, const TensorView& diff) = 0;
+  // A step an op defines itself: `on_host()` runs its host loop; on a
+  // device, `on_device(stream)` enqueues its kernel on this compute's stream
+  // (a cudaStream_t), with the compute's device current.
+  virtual void run_custom(const std::function<void()>& on_host,
+                          const std::function<void(void* stream)>& on_device) = 0;
   // The host waits for the work issued so far (TimeoutError naming `what`).
   virtual void finish(std::string_view what, std::chrono::milliseconds timeout) = 0;
 };
@@ -119,31 +124,9 @@ class HostCompute final : public Compute {
       }
     });
   }
-  void async_update(const TensorView& w, const TensorView& sum, const TensorView& snapshot,
-                    std::int64_t ranks) override {
-    dispatch_dtype(w.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      T* out = w.data_as<T>();
-      const T* sums = sum.data_as<T>();
-      const T* snapshots = snapshot.data_as<T>();
-      for (std::int64_t i = 0; i < w.numel; ++i) {
-        out[i] = async_average_update(out[i], sums[i], snapshots[i], ranks);
-      }
-    });
-  }
-  void ring_diff(const TensorView& x, const TensorView& w, const TensorView& l, const TensorView& r,
-                 const TensorView& diff) override {
-    dispatch_dtype(x.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      const T* xs = x.data_as<T>();
-      const T* ws = w.data_as<T>();
-      const T* ls = l.data_as<T>();
-      const T* rs = r.data_as<T>();
-      float* out = diff.data_as<float>();
-      for (std::int64_t i = 0; i < x.numel; ++i) {
-        out[i] = low_precision_ring_diff(xs[i], ws[i], ls[i], rs[i]);
-      }
-    });
+  void run_custom(const std::function<void()>& on_host,
+                  const std::function<void(void*)>& /*on_device*/) override {
+    on_host();
   }
   void finish(std::string_view /*what*/, std::chrono::milliseconds /*timeout*/) override {}
 
@@ -155,15 +138,9 @@ class HostCompute final : public Compute {
   }
 };
 
-// The kernels of kernels/ on `stream` of `device`, by default the device's
-// communication stream (defined in lib/runtime/cuda_support.cc; an
-// InvalidArgument in a build without CUDA). A compute on another stream
-// must finish() its work before its scratch blocks go back to the pool.
-std::unique_ptr<Compute> make_cuda_compute(int device, void* stream = nullptr);
-
-inline std::unique_ptr<Compute> compute_for(Device device) {
-  if (device.type == DeviceType::kCUDA) return make_cuda_compute(device.index);
-  return std::make_unique<HostCompute>();
-}
+// The compute of `device`: a HostCompute for the CPU, a CudaCompute on the
+// device's communication stream for a GPU (InvalidArgument in a build
+// without CUDA or for a device that does not exist).
+std::unique_ptr<Compute> compute_for(Device device);
 
 }  // namespace bagua

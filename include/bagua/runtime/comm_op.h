@@ -1,4 +1,6 @@
-// One communication primitive applied to a bucket.
+// CommOp: the interface of one communication primitive applied to a bucket
+// (the ops themselves live in bagua/ops/, one header each), and ByteMeter,
+// which counts what an op's communicators send.
 //
 // Contract: `execute` runs on the backend's communication thread, one op at a
 // time, in the order the ops were appended to the bucket, on every rank in

@@ -1,4 +1,6 @@
-// Reduction operators of the collectives, named as in torch.distributed.
+// ReduceOp: the reduction operators of the collectives, named as in
+// torch.distributed, with their names. In core because the element math
+// (element_math.h) combines values under them on the CPU and the GPU alike.
 #pragma once
 
 #include <cstdint>
