@@ -1,5 +1,6 @@
-// Backend-independent parts of the Communicator: cross-rank call checks and
-// the hierarchical split.
+// Backend-independent parts of the Communicator: the collectives' entry
+// points (argument checks, then the backend's do_*), cross-rank call checks
+// and the hierarchical split.
 #include "bagua/comm/communicator.h"
 
 #include <algorithm>
@@ -24,6 +25,129 @@ std::int64_t stable_hash(std::string_view text) {
 }
 
 }  // namespace
+
+void Communicator::allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) {
+  check_same_shape("allreduce", send, recv);
+  if (send.numel > 0) do_allreduce(send, recv, op);
+}
+
+void Communicator::reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) {
+  check_root("reduce", root);
+  if (rank() == root) check_same_shape("reduce", send, recv);
+  if (send.numel > 0) do_reduce(send, recv, root, op);
+}
+
+void Communicator::broadcast(const TensorView& buffer, int root) {
+  check_root("broadcast", root);
+  if (buffer.numel > 0) do_broadcast(buffer, root);
+}
+
+void Communicator::allgather(const TensorView& send, const TensorView& recv) {
+  check_gathered("allgather", send, recv);
+  if (send.numel > 0) do_allgather(send, recv);
+}
+
+void Communicator::gather(const TensorView& send, const TensorView& recv, int root) {
+  check_root("gather", root);
+  if (rank() == root) check_gathered("gather", send, recv);
+  if (send.numel > 0) do_gather(send, recv, root);
+}
+
+void Communicator::scatter(const TensorView& send, const TensorView& recv, int root) {
+  check_root("scatter", root);
+  if (rank() == root) check_gathered("scatter", recv, send);
+  if (recv.numel > 0) do_scatter(send, recv, root);
+}
+
+void Communicator::reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) {
+  check_gathered("reduce_scatter", recv, send);
+  if (recv.numel > 0) do_reduce_scatter(send, recv, op);
+}
+
+void Communicator::alltoall(const TensorView& send, const TensorView& recv) {
+  check_same_shape("alltoall", send, recv);
+  BAGUA_CHECK_ARG(send.numel % size() == 0,
+                  "alltoall on rank {}: {} elements do not split into {} equal chunks", rank(),
+                  send.numel, size());
+  if (send.numel > 0) do_alltoall(send, recv);
+}
+
+void Communicator::send(const TensorView& buffer, int peer) {
+  check_peer("send", peer);
+  const PeerMessage sends[] = {{buffer, peer}};
+  if (buffer.numel > 0) do_send_recv(sends, {});
+}
+
+void Communicator::recv(const TensorView& buffer, int peer) {
+  check_peer("recv", peer);
+  const PeerMessage receives[] = {{buffer, peer}};
+  if (buffer.numel > 0) do_send_recv({}, receives);
+}
+
+void Communicator::send_recv(std::span<const PeerMessage> sends,
+                             std::span<const PeerMessage> receives) {
+  for (const auto& message : sends) check_peer("send_recv", message.peer);
+  for (const auto& message : receives) check_peer("send_recv", message.peer);
+  do_send_recv(sends, receives);
+}
+
+std::unique_ptr<Communicator> Communicator::new_group(std::span<const int> ranks) {
+  check_group(ranks);
+  return do_new_group(ranks);
+}
+
+std::unique_ptr<Communicator> Communicator::new_bucket_group(std::span<const int> ranks) {
+  check_group(ranks);
+  return do_new_bucket_group(ranks);
+}
+
+Communicator::GroupSlot Communicator::next_group(std::span<const int> ranks) {
+  GroupSlot slot{group_counter_++, -1};
+  const auto found = std::find(ranks.begin(), ranks.end(), rank());
+  if (found != ranks.end()) slot.rank = static_cast<int>(found - ranks.begin());
+  return slot;
+}
+
+void Communicator::count(std::size_t bytes) {
+  counters_.bytes_sent += static_cast<std::int64_t>(bytes);
+  counters_.bytes_received += static_cast<std::int64_t>(bytes);
+  counters_.calls += 1;
+}
+
+void Communicator::check_root(std::string_view op, int root) const {
+  BAGUA_CHECK_ARG(root >= 0 && root < size(), "{}: root {} is outside the group of size {}", op,
+                  root, size());
+}
+
+void Communicator::check_peer(std::string_view op, int peer) const {
+  BAGUA_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
+                  "{} on rank {}: peer {} is not another rank of the group of size {}", op, rank(),
+                  peer, size());
+}
+
+void Communicator::check_same_shape(std::string_view op, const TensorView& a,
+                                    const TensorView& b) const {
+  BAGUA_CHECK_ARG(a.numel == b.numel && a.dtype == b.dtype, "{}: input {} and output {} differ", op,
+                  a.describe(), b.describe());
+}
+
+void Communicator::check_gathered(std::string_view op, const TensorView& part,
+                                  const TensorView& whole) const {
+  BAGUA_CHECK_ARG(part.dtype == whole.dtype && whole.numel == part.numel * size(),
+                  "{}: expected a {}-rank buffer of {} x {} elements, got {}", op, size(), size(),
+                  part.describe(), whole.describe());
+}
+
+void Communicator::check_group(std::span<const int> ranks) const {
+  BAGUA_CHECK_ARG(!ranks.empty(), "new_group: the rank list is empty");
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    BAGUA_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size(),
+                    "new_group: rank {} is outside the group of size {}", ranks[i], size());
+    BAGUA_CHECK_ARG(i == 0 || ranks[i] > ranks[i - 1],
+                    "new_group: ranks must be sorted and unique, got {} after {}", ranks[i],
+                    ranks[i - 1]);
+  }
+}
 
 void Communicator::verify_same_call(std::string_view op, const TensorView& tensor, int root) {
   constexpr int kFields = 4;

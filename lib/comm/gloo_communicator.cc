@@ -7,6 +7,7 @@
 // numbered per peer so sends and receives match in program order.
 #include "bagua/comm/gloo_communicator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -117,10 +118,11 @@ class GlooCommunicator final : public Communicator {
   }
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
 
-  void allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
-    check_same_shape("allreduce", send, recv);
+  void abort() noexcept override { aborted_.store(true); }
+
+ protected:
+  void do_allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
     copy_if_distinct(send, recv);
-    if (recv.numel == 0) return;
     count(recv.nbytes() * 2 * (size() - 1) / size());
     if (size() > 1) {
       run("allreduce", [&] {
@@ -134,14 +136,9 @@ class GlooCommunicator final : public Communicator {
     if (op == ReduceOp::kAvg) divide_inplace(recv, size());
   }
 
-  void reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) override {
-    check_root("reduce", root);
+  void do_reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) override {
     const bool is_root = rank() == root;
-    if (is_root) {
-      check_same_shape("reduce", send, recv);
-      copy_if_distinct(send, recv);
-    }
-    if (send.numel == 0) return;
+    if (is_root) copy_if_distinct(send, recv);
     count(send.nbytes());
     // Gloo reduces in place in the output buffer; non-roots use a scratch copy
     // so their input is left untouched.
@@ -164,9 +161,8 @@ class GlooCommunicator final : public Communicator {
     if (is_root && op == ReduceOp::kAvg) divide_inplace(recv, size());
   }
 
-  void broadcast(const TensorView& buffer, int root) override {
-    check_root("broadcast", root);
-    if (buffer.numel == 0 || size() == 1) return;
+  void do_broadcast(const TensorView& buffer, int root) override {
+    if (size() == 1) return;
     count(buffer.nbytes());
     run("broadcast", [&] {
       ::gloo::BroadcastOptions opts(context_);
@@ -177,9 +173,7 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  void allgather(const TensorView& send, const TensorView& recv) override {
-    check_gathered("allgather", send, recv);
-    if (send.numel == 0) return;
+  void do_allgather(const TensorView& send, const TensorView& recv) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes() * (size() - 1));
     run("allgather", [&] {
@@ -193,10 +187,7 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  void gather(const TensorView& send, const TensorView& recv, int root) override {
-    check_root("gather", root);
-    if (rank() == root) check_gathered("gather", send, recv);
-    if (send.numel == 0) return;
+  void do_gather(const TensorView& send, const TensorView& recv, int root) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes());
     run("gather", [&] {
@@ -209,10 +200,7 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  void scatter(const TensorView& send, const TensorView& recv, int root) override {
-    check_root("scatter", root);
-    if (rank() == root) check_gathered("scatter", recv, send);
-    if (recv.numel == 0) return;
+  void do_scatter(const TensorView& send, const TensorView& recv, int root) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(recv.nbytes());
     run("scatter", [&] {
@@ -230,9 +218,7 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  void reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) override {
-    check_gathered("reduce_scatter", recv, send);
-    if (recv.numel == 0) return;
+  void do_reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) override {
     // Scatter-reduce: every rank receives the n copies of its own chunk with
     // one alltoall, then reduces them locally. (n-1)/n of the buffer moves.
     std::vector<std::byte> gathered(send.nbytes());
@@ -245,12 +231,7 @@ class GlooCommunicator final : public Communicator {
     if (op == ReduceOp::kAvg) divide_inplace(recv, size());
   }
 
-  void alltoall(const TensorView& send, const TensorView& recv) override {
-    check_same_shape("alltoall", send, recv);
-    BAGUA_CHECK_ARG(send.numel % size() == 0,
-                    "alltoall on rank {}: {} elements do not split into {} equal chunks", rank(),
-                    send.numel, size());
-    if (send.numel == 0) return;
+  void do_alltoall(const TensorView& send, const TensorView& recv) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes() * (size() - 1) / size());
     run("alltoall", [&] {
@@ -262,47 +243,22 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  void send(const TensorView& buffer, int peer) override {
-    check_peer("send", peer);
-    if (buffer.numel == 0) return;
-    count(buffer.nbytes());
-    run("send", [&] {
-      auto unbound = context_->createUnboundBuffer(buffer.data, buffer.nbytes());
-      unbound->send(peer, kP2PSlotBase + send_sequence_[static_cast<std::size_t>(peer)]++);
-      unbound->waitSend(options_.timeout);
-    });
-  }
-
-  void recv(const TensorView& buffer, int peer) override {
-    check_peer("recv", peer);
-    if (buffer.numel == 0) return;
-    run("recv", [&] {
-      auto unbound = context_->createUnboundBuffer(buffer.data, buffer.nbytes());
-      unbound->recv(peer, kP2PSlotBase + recv_sequence_[static_cast<std::size_t>(peer)]++);
-      unbound->waitRecv(options_.timeout);
-    });
-  }
-
-  void send_recv(std::span<const PeerMessage> sends,
-                 std::span<const PeerMessage> receives) override {
-    for (const auto& message : sends) check_peer("send_recv", message.peer);
-    for (const auto& message : receives) check_peer("send_recv", message.peer);
+  void do_send_recv(std::span<const PeerMessage> sends,
+                    std::span<const PeerMessage> receives) override {
     run("send_recv", [&] {
       std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> posted_sends;
       std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> posted_receives;
       for (const auto& message : receives) {
         if (message.buffer.numel == 0) continue;
         auto unbound = context_->createUnboundBuffer(message.buffer.data, message.buffer.nbytes());
-        unbound->recv(message.peer,
-                      kP2PSlotBase + recv_sequence_[static_cast<std::size_t>(message.peer)]++);
+        unbound->recv(message.peer, next_slot(recv_sequence_, message.peer));
         posted_receives.push_back(std::move(unbound));
       }
       for (const auto& message : sends) {
         if (message.buffer.numel == 0) continue;
         count(message.buffer.nbytes());
         auto unbound = context_->createUnboundBuffer(message.buffer.data, message.buffer.nbytes());
-        unbound->send(message.peer,
-                      kP2PSlotBase + send_sequence_[static_cast<std::size_t>(message.peer)]++);
+        unbound->send(message.peer, next_slot(send_sequence_, message.peer));
         posted_sends.push_back(std::move(unbound));
       }
       for (auto& unbound : posted_sends) unbound->waitSend(options_.timeout);
@@ -310,7 +266,7 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  void barrier() override {
+  void do_barrier() override {
     if (size() == 1) return;
     run("barrier", [&] {
       ::gloo::BarrierOptions opts(context_);
@@ -319,24 +275,13 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  void abort() noexcept override { aborted_.store(true); }
-
-  std::unique_ptr<Communicator> new_group(std::span<const int> ranks) override {
-    BAGUA_CHECK_ARG(!ranks.empty(), "new_group: the rank list is empty");
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-      BAGUA_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size(),
-                      "new_group: rank {} is outside the group of size {}", ranks[i], size());
-      BAGUA_CHECK_ARG(i == 0 || ranks[i] > ranks[i - 1],
-                      "new_group: ranks must be sorted and unique, got {} after {}", ranks[i],
-                      ranks[i - 1]);
-    }
-    const std::string prefix = fmt::format("{}/group{}", options_.prefix, group_counter_++);
-    const auto found = std::find(ranks.begin(), ranks.end(), rank());
-    if (found == ranks.end()) return nullptr;
+  std::unique_ptr<Communicator> do_new_group(std::span<const int> ranks) override {
+    const GroupSlot group = next_group(ranks);
+    if (group.rank < 0) return nullptr;
     GlooOptions child = options_;
-    child.prefix = prefix;
-    return std::make_unique<GlooCommunicator>(store_, static_cast<int>(found - ranks.begin()),
-                                              static_cast<int>(ranks.size()), child);
+    child.prefix = fmt::format("{}/group{}", options_.prefix, group.number);
+    return std::make_unique<GlooCommunicator>(store_, group.rank, static_cast<int>(ranks.size()),
+                                              child);
   }
 
  private:
@@ -363,29 +308,10 @@ class GlooCommunicator final : public Communicator {
 
   std::uint32_t next_tag() { return tag_++; }
 
-  void count(std::size_t bytes_sent) {
-    counters_.bytes_sent += static_cast<std::int64_t>(bytes_sent);
-    counters_.bytes_received += static_cast<std::int64_t>(bytes_sent);
-    counters_.calls += 1;
-  }
-
-  void check_root(std::string_view op, int root) const {
-    BAGUA_CHECK_ARG(root >= 0 && root < size(), "{}: root {} is outside the group of size {}", op,
-                    root, size());
-  }
-  void check_peer(std::string_view op, int peer) const {
-    BAGUA_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
-                    "{} on rank {}: peer {} is not another rank of the group of size {}", op,
-                    rank(), peer, size());
-  }
-  static void check_same_shape(std::string_view op, const TensorView& a, const TensorView& b) {
-    BAGUA_CHECK_ARG(a.numel == b.numel && a.dtype == b.dtype, "{}: input {} and output {} differ",
-                    op, a.describe(), b.describe());
-  }
-  void check_gathered(std::string_view op, const TensorView& part, const TensorView& whole) const {
-    BAGUA_CHECK_ARG(part.dtype == whole.dtype && whole.numel == part.numel * size(),
-                    "{}: expected a {}-rank buffer of {} x {} elements, got {}", op, size(), size(),
-                    part.describe(), whole.describe());
+  // Point-to-point messages to (from) `peer` use consecutive slots, so sends
+  // and receives match in program order.
+  static std::uint64_t next_slot(std::vector<std::uint64_t>& sequence, int peer) {
+    return kP2PSlotBase + sequence[static_cast<std::size_t>(peer)]++;
   }
   static void copy_if_distinct(const TensorView& from, const TensorView& to) {
     if (from.data != to.data && from.nbytes() > 0) std::memcpy(to.data, from.data, from.nbytes());

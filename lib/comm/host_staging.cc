@@ -1,3 +1,5 @@
+// Host staging of CUDA buffers for a host-only communicator; see
+// bagua/comm/host_staging.h for the contract.
 #include "bagua/comm/host_staging.h"
 
 #include <cstddef>
@@ -28,68 +30,62 @@ class HostStagingCommunicator final : public Communicator {
     return type == DeviceType::kCPU || (type == DeviceType::kCUDA && cuda_compiled());
   }
 
-  void allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
+  void abort() noexcept override { inner_->abort(); }
+
+ protected:
+  // Each call stages its device buffers and hands the host views to the
+  // inner communicator's (checked) entry point.
+  void do_allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->allreduce(in, s.out(recv, send, in), op);
     s.finish();
   }
-  void reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) override {
+  void do_reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->reduce(in, s.out(recv, send, in), root, op);
     s.finish();
   }
-  void broadcast(const TensorView& buffer, int root) override {
+  void do_broadcast(const TensorView& buffer, int root) override {
     Staging s(*this);
     const auto in = s.in(buffer);
     s.mark_output(buffer, in);
     inner_->broadcast(in, root);
     s.finish();
   }
-  void allgather(const TensorView& send, const TensorView& recv) override {
+  void do_allgather(const TensorView& send, const TensorView& recv) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->allgather(in, s.out(recv, send, in));
     s.finish();
   }
-  void gather(const TensorView& send, const TensorView& recv, int root) override {
+  void do_gather(const TensorView& send, const TensorView& recv, int root) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->gather(in, s.out(recv, send, in), root);
     s.finish();
   }
-  void scatter(const TensorView& send, const TensorView& recv, int root) override {
+  void do_scatter(const TensorView& send, const TensorView& recv, int root) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->scatter(in, s.out(recv, send, in), root);
     s.finish();
   }
-  void reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) override {
+  void do_reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->reduce_scatter(in, s.out(recv, send, in), op);
     s.finish();
   }
-  void alltoall(const TensorView& send, const TensorView& recv) override {
+  void do_alltoall(const TensorView& send, const TensorView& recv) override {
     Staging s(*this);
     const auto in = s.in(send);
     inner_->alltoall(in, s.out(recv, send, in));
     s.finish();
   }
-  void send(const TensorView& buffer, int peer) override {
-    Staging s(*this);
-    inner_->send(s.in(buffer), peer);
-    s.finish();
-  }
-  void recv(const TensorView& buffer, int peer) override {
-    Staging s(*this);
-    const TensorView host = s.out(buffer, TensorView{}, TensorView{});
-    inner_->recv(host, peer);
-    s.finish();
-  }
-  void send_recv(std::span<const PeerMessage> sends,
-                 std::span<const PeerMessage> receives) override {
+  void do_send_recv(std::span<const PeerMessage> sends,
+                    std::span<const PeerMessage> receives) override {
     Staging s(*this);
     std::vector<PeerMessage> host_sends;
     std::vector<PeerMessage> host_receives;
@@ -100,14 +96,13 @@ class HostStagingCommunicator final : public Communicator {
     inner_->send_recv(host_sends, host_receives);
     s.finish();
   }
-  void barrier() override { inner_->barrier(); }
-  void abort() noexcept override { inner_->abort(); }
+  void do_barrier() override { inner_->barrier(); }
 
-  std::unique_ptr<Communicator> new_group(std::span<const int> ranks) override {
+  std::unique_ptr<Communicator> do_new_group(std::span<const int> ranks) override {
     auto group = inner_->new_group(ranks);
     return group ? with_host_staging(std::move(group)) : nullptr;
   }
-  std::unique_ptr<Communicator> new_bucket_group(std::span<const int> ranks) override {
+  std::unique_ptr<Communicator> do_new_bucket_group(std::span<const int> ranks) override {
     auto group = inner_->new_bucket_group(ranks);
     return group ? with_host_staging(std::move(group)) : nullptr;
   }

@@ -161,9 +161,12 @@ class NcclCommunicator final : public Communicator {
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
   bool supports(DeviceType /*type*/) const override { return true; }
 
-  void allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
-    same_shape("allreduce", send, recv);
-    if (send.numel == 0) return;
+  void abort() noexcept override {
+    if (!aborted_.exchange(true) && comm_ != nullptr) lib_.comm_abort(comm_);
+  }
+
+ protected:
+  void do_allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
     count(recv.nbytes() * 2 * static_cast<std::size_t>(size_ - 1) /
           static_cast<std::size_t>(size_));
     run("allreduce", {send}, {recv}, [&](const auto& in, const auto& out) {
@@ -172,9 +175,7 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  void reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) override {
-    check_root("reduce", root);
-    if (send.numel == 0) return;
+  void do_reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) override {
     count(send.nbytes());
     const TensorView target = rank_ == root ? recv : send;
     run(
@@ -188,9 +189,7 @@ class NcclCommunicator final : public Communicator {
         /*copy_back=*/rank_ == root);
   }
 
-  void broadcast(const TensorView& buffer, int root) override {
-    check_root("broadcast", root);
-    if (buffer.numel == 0) return;
+  void do_broadcast(const TensorView& buffer, int root) override {
     count(buffer.nbytes());
     run("broadcast", {buffer}, {buffer}, [&](const auto& in, const auto& out) {
       return lib_.broadcast(in[0].data, out[0].data, static_cast<std::size_t>(buffer.numel),
@@ -198,9 +197,7 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  void allgather(const TensorView& send, const TensorView& recv) override {
-    gathered_shape("allgather", send, recv);
-    if (send.numel == 0) return;
+  void do_allgather(const TensorView& send, const TensorView& recv) override {
     count(send.nbytes() * static_cast<std::size_t>(size_ - 1));
     run("allgather", {send}, {recv}, [&](const auto& in, const auto& out) {
       return lib_.all_gather(in[0].data, out[0].data, static_cast<std::size_t>(send.numel),
@@ -208,68 +205,44 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  void gather(const TensorView& send, const TensorView& recv, int root) override {
-    check_root("gather", root);
-    if (rank_ == root) gathered_shape("gather", send, recv);
-    if (send.numel == 0) return;
+  // Root receives chunk r from rank r (its own chunk is a copy).
+  void do_gather(const TensorView& send, const TensorView& recv, int root) override {
     count(send.nbytes());
     const TensorView target = rank_ == root ? recv : send;
     run(
         "gather", {send}, {target},
         [&](const auto& in, const auto& out) {
-          return grouped([&] {
-            if (rank_ == root) {
-              for (int r = 0; r < size_; ++r) {
-                const auto chunk = out[0].slice(r * send.numel, send.numel);
-                if (r == root) {
-                  copy_async(chunk, in[0]);
-                } else {
-                  check_nccl(lib_.recv(chunk.data, static_cast<std::size_t>(send.numel),
-                                       nccl_type(send.dtype), r, comm_, stream_),
-                             "ncclRecv", "gather");
-                }
-              }
-            } else {
-              check_nccl(lib_.send(in[0].data, static_cast<std::size_t>(send.numel),
-                                   nccl_type(send.dtype), root, comm_, stream_),
-                         "ncclSend", "gather");
+          Exchange exchange;
+          if (rank_ != root) {
+            exchange.sends.push_back({in[0], root});
+          } else {
+            for (int r = 0; r < size_; ++r) {
+              exchange.add_receive(out[0].slice(r * send.numel, send.numel), in[0], r, rank_);
             }
-          });
+          }
+          return post("gather", exchange);
         },
         /*copy_back=*/rank_ == root);
   }
 
-  void scatter(const TensorView& send, const TensorView& recv, int root) override {
-    check_root("scatter", root);
-    if (rank_ == root) gathered_shape("scatter", recv, send);
-    if (recv.numel == 0) return;
+  // Root sends chunk r to rank r (its own chunk is a copy).
+  void do_scatter(const TensorView& send, const TensorView& recv, int root) override {
     count(recv.nbytes());
     const TensorView source = rank_ == root ? send : recv;
     run("scatter", {source}, {recv}, [&](const auto& in, const auto& out) {
-      return grouped([&] {
-        if (rank_ == root) {
-          for (int r = 0; r < size_; ++r) {
-            const auto chunk = in[0].slice(r * recv.numel, recv.numel);
-            if (r == root) {
-              copy_async(out[0], chunk);
-            } else {
-              check_nccl(lib_.send(chunk.data, static_cast<std::size_t>(recv.numel),
-                                   nccl_type(recv.dtype), r, comm_, stream_),
-                         "ncclSend", "scatter");
-            }
-          }
-        } else {
-          check_nccl(lib_.recv(out[0].data, static_cast<std::size_t>(recv.numel),
-                               nccl_type(recv.dtype), root, comm_, stream_),
-                     "ncclRecv", "scatter");
+      Exchange exchange;
+      if (rank_ != root) {
+        exchange.receives.push_back({out[0], root});
+      } else {
+        for (int r = 0; r < size_; ++r) {
+          exchange.add_send(in[0].slice(r * recv.numel, recv.numel), out[0], r, rank_);
         }
-      });
+      }
+      return post("scatter", exchange);
     });
   }
 
-  void reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) override {
-    gathered_shape("reduce_scatter", recv, send);
-    if (recv.numel == 0) return;
+  void do_reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) override {
     count(send.nbytes() * static_cast<std::size_t>(size_ - 1) / static_cast<std::size_t>(size_));
     run("reduce_scatter", {send}, {recv}, [&](const auto& in, const auto& out) {
       return lib_.reduce_scatter(in[0].data, out[0].data, static_cast<std::size_t>(recv.numel),
@@ -277,105 +250,106 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  void alltoall(const TensorView& send, const TensorView& recv) override {
-    same_shape("alltoall", send, recv);
-    BAGUA_CHECK_ARG(send.numel % size_ == 0,
-                    "alltoall on rank {}: {} elements do not split into {} equal chunks", rank_,
-                    send.numel, size_);
-    if (send.numel == 0) return;
+  // Chunk r goes to rank r and chunk r comes from it (this rank's is a copy).
+  void do_alltoall(const TensorView& send, const TensorView& recv) override {
     const std::int64_t chunk = send.numel / size_;
     count(send.nbytes() * static_cast<std::size_t>(size_ - 1) / static_cast<std::size_t>(size_));
     run("alltoall", {send}, {recv}, [&](const auto& in, const auto& out) {
-      return grouped([&] {
-        for (int r = 0; r < size_; ++r) {
-          const auto from = in[0].slice(r * chunk, chunk);
-          const auto to = out[0].slice(r * chunk, chunk);
-          if (r == rank_) {
-            copy_async(to, from);
-            continue;
-          }
-          check_nccl(lib_.send(from.data, static_cast<std::size_t>(chunk), nccl_type(send.dtype), r,
-                               comm_, stream_),
-                     "ncclSend", "alltoall");
-          check_nccl(lib_.recv(to.data, static_cast<std::size_t>(chunk), nccl_type(send.dtype), r,
-                               comm_, stream_),
-                     "ncclRecv", "alltoall");
-        }
-      });
+      Exchange exchange;
+      for (int r = 0; r < size_; ++r) {
+        const auto from = in[0].slice(r * chunk, chunk);
+        const auto to = out[0].slice(r * chunk, chunk);
+        exchange.add_send(from, to, r, rank_);
+        if (r != rank_) exchange.receives.push_back({to, r});
+      }
+      return post("alltoall", exchange);
     });
   }
 
-  void send(const TensorView& buffer, int peer) override {
-    const PeerMessage sends[] = {{buffer, peer}};
-    send_recv(sends, {});
-  }
-
-  void recv(const TensorView& buffer, int peer) override {
-    const PeerMessage receives[] = {{buffer, peer}};
-    send_recv({}, receives);
-  }
-
-  void send_recv(std::span<const PeerMessage> sends,
-                 std::span<const PeerMessage> receives) override {
+  void do_send_recv(std::span<const PeerMessage> sends,
+                    std::span<const PeerMessage> receives) override {
     std::vector<TensorView> in;
     std::vector<TensorView> out;
     for (const auto& m : sends) {
-      check_peer("send_recv", m.peer);
       in.push_back(m.buffer);
       count(m.buffer.nbytes());
     }
-    for (const auto& m : receives) {
-      check_peer("send_recv", m.peer);
-      out.push_back(m.buffer);
-    }
+    for (const auto& m : receives) out.push_back(m.buffer);
     run("send_recv", in, out, [&](const auto& d_in, const auto& d_out) {
-      return grouped([&] {
-        for (std::size_t i = 0; i < sends.size(); ++i) {
-          check_nccl(lib_.send(d_in[i].data, static_cast<std::size_t>(d_in[i].numel),
-                               nccl_type(d_in[i].dtype), sends[i].peer, comm_, stream_),
-                     "ncclSend", "send_recv");
-        }
-        for (std::size_t i = 0; i < receives.size(); ++i) {
-          check_nccl(lib_.recv(d_out[i].data, static_cast<std::size_t>(d_out[i].numel),
-                               nccl_type(d_out[i].dtype), receives[i].peer, comm_, stream_),
-                     "ncclRecv", "send_recv");
-        }
-      });
+      Exchange exchange;  // the same messages, on the staged device buffers
+      for (std::size_t i = 0; i < sends.size(); ++i)
+        exchange.sends.push_back({d_in[i], sends[i].peer});
+      for (std::size_t i = 0; i < receives.size(); ++i) {
+        exchange.receives.push_back({d_out[i], receives[i].peer});
+      }
+      return post("send_recv", exchange);
     });
   }
 
-  void barrier() override {
+  void do_barrier() override {
     std::int32_t token = 0;
     const TensorView view{&token, 1, DType::kInt32, {}};
     allreduce(view, view, ReduceOp::kSum);
   }
 
-  void abort() noexcept override {
-    if (!aborted_.exchange(true) && comm_ != nullptr) lib_.comm_abort(comm_);
-  }
-
-  std::unique_ptr<Communicator> new_group(std::span<const int> ranks) override {
+  std::unique_ptr<Communicator> do_new_group(std::span<const int> ranks) override {
     return make_group(ranks, options_.communication_stream);
   }
-  std::unique_ptr<Communicator> new_bucket_group(std::span<const int> ranks) override {
+  std::unique_ptr<Communicator> do_new_bucket_group(std::span<const int> ranks) override {
     return make_group(ranks, true);
   }
 
  private:
-  std::unique_ptr<Communicator> make_group(std::span<const int> ranks, bool communication_stream) {
-    BAGUA_CHECK_ARG(!ranks.empty(), "new_group: the rank list is empty");
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-      BAGUA_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size_ && (i == 0 || ranks[i] > ranks[i - 1]),
-                      "new_group: ranks must be sorted, unique and below {}", size_);
+  // The point-to-point part of a call, on device buffers: messages posted in
+  // one NCCL group, and this rank's own chunk copied on the stream.
+  struct Exchange {
+    std::vector<PeerMessage> sends;
+    std::vector<PeerMessage> receives;
+    std::vector<std::pair<TensorView, TensorView>> copies;  // (to, from)
+
+    // `chunk` to `peer`, or into `own` when the peer is this rank.
+    void add_send(const TensorView& chunk, const TensorView& own, int peer, int self) {
+      if (peer == self) {
+        copies.emplace_back(own, chunk);
+      } else {
+        sends.push_back({chunk, peer});
+      }
     }
-    const std::string prefix = fmt::format("{}/group{}", options_.prefix, group_counter_++);
-    const auto found = std::find(ranks.begin(), ranks.end(), rank_);
-    if (found == ranks.end()) return nullptr;
+    // `chunk` from `peer`, or from `own` when the peer is this rank.
+    void add_receive(const TensorView& chunk, const TensorView& own, int peer, int self) {
+      if (peer == self) {
+        copies.emplace_back(chunk, own);
+      } else {
+        receives.push_back({chunk, peer});
+      }
+    }
+  };
+
+  // Enqueues the exchange's copies, then its messages in one NCCL group.
+  ncclResult_t post(const char* op, const Exchange& exchange) {
+    for (const auto& [to, from] : exchange.copies) copy_async(to, from);
+    check_nccl(lib_.group_start(), "ncclGroupStart", op);
+    for (const auto& m : exchange.sends) {
+      check_nccl(lib_.send(m.buffer.data, static_cast<std::size_t>(m.buffer.numel),
+                           nccl_type(m.buffer.dtype), m.peer, comm_, stream_),
+                 "ncclSend", op);
+    }
+    for (const auto& m : exchange.receives) {
+      check_nccl(lib_.recv(m.buffer.data, static_cast<std::size_t>(m.buffer.numel),
+                           nccl_type(m.buffer.dtype), m.peer, comm_, stream_),
+                 "ncclRecv", op);
+    }
+    return lib_.group_end();
+  }
+
+  std::unique_ptr<Communicator> make_group(std::span<const int> ranks, bool communication_stream) {
+    const GroupSlot group = next_group(ranks);
+    if (group.rank < 0) return nullptr;
     NcclOptions child = options_;
-    child.prefix = prefix;
+    child.prefix = fmt::format("{}/group{}", options_.prefix, group.number);
     child.communication_stream = communication_stream;
-    return std::make_unique<NcclCommunicator>(store_, static_cast<int>(found - ranks.begin()),
-                                              static_cast<int>(ranks.size()), child);
+    return std::make_unique<NcclCommunicator>(store_, group.rank, static_cast<int>(ranks.size()),
+                                              child);
   }
 
   // Enqueues `enqueue(device_inputs, device_outputs)` on the stream, with
@@ -423,13 +397,6 @@ class NcclCommunicator final : public Communicator {
       }
     }
     wait_for_stream(op);
-  }
-
-  template <typename Body>
-  ncclResult_t grouped(Body&& body) {
-    check_nccl(lib_.group_start(), "ncclGroupStart", "group");
-    body();
-    return lib_.group_end();
   }
 
   void copy_async(const TensorView& to, const TensorView& from) {
@@ -488,29 +455,6 @@ class NcclCommunicator final : public Communicator {
   }
   std::string where(const char* op) const {
     return fmt::format("{} on rank {} of {}", op, rank_, size_);
-  }
-  void check_root(const char* op, int root) const {
-    BAGUA_CHECK_ARG(root >= 0 && root < size_, "{}: root {} is outside the group of size {}", op,
-                    root, size_);
-  }
-  void check_peer(const char* op, int peer) const {
-    BAGUA_CHECK_ARG(peer >= 0 && peer < size_ && peer != rank_,
-                    "{} on rank {}: peer {} is not another rank of the group of size {}", op, rank_,
-                    peer, size_);
-  }
-  static void same_shape(const char* op, const TensorView& a, const TensorView& b) {
-    BAGUA_CHECK_ARG(a.numel == b.numel && a.dtype == b.dtype, "{}: input {} and output {} differ",
-                    op, a.describe(), b.describe());
-  }
-  void gathered_shape(const char* op, const TensorView& part, const TensorView& whole) const {
-    BAGUA_CHECK_ARG(part.dtype == whole.dtype && whole.numel == part.numel * size_,
-                    "{}: expected a buffer of {} x {}, got {}", op, size_, part.describe(),
-                    whole.describe());
-  }
-  void count(std::size_t bytes) {
-    counters_.bytes_sent += static_cast<std::int64_t>(bytes);
-    counters_.bytes_received += static_cast<std::int64_t>(bytes);
-    counters_.calls += 1;
   }
 
   const NcclLibrary& lib_;

@@ -15,10 +15,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bagua/core/reduce_op.h"
@@ -51,30 +53,35 @@ class Communicator {
   // (Gloo: host memory only; NCCL: CUDA memory, host memory staged).
   virtual bool supports(DeviceType type) const { return type == DeviceType::kCPU; }
 
+  // The collectives are thin funnels: each checks its arguments once, here
+  // for every backend (InvalidArgument naming the op, the rank and the
+  // sizes), returns when there are no elements to move, and hands over to
+  // the backend's do_* implementation.
+
   // recv = op over ranks of send. kAvg divides the sum by size().
-  virtual void allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) = 0;
+  void allreduce(const TensorView& send, const TensorView& recv, ReduceOp op);
   // recv on `root` = op over ranks of send; recv is ignored on other ranks.
-  virtual void reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) = 0;
+  void reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op);
   // buffer on every rank = buffer on root.
-  virtual void broadcast(const TensorView& buffer, int root) = 0;
+  void broadcast(const TensorView& buffer, int root);
   // recv (size() * send.numel) = concatenation of send over ranks.
-  virtual void allgather(const TensorView& send, const TensorView& recv) = 0;
+  void allgather(const TensorView& send, const TensorView& recv);
   // As allgather, with the result only on root.
-  virtual void gather(const TensorView& send, const TensorView& recv, int root) = 0;
+  void gather(const TensorView& send, const TensorView& recv, int root);
   // recv on rank r = chunk r of send on root (send has size() * recv.numel).
-  virtual void scatter(const TensorView& send, const TensorView& recv, int root) = 0;
+  void scatter(const TensorView& send, const TensorView& recv, int root);
   // recv (send.numel / size()) on rank r = op over ranks of chunk r of send.
-  virtual void reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) = 0;
+  void reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op);
   // chunk j of recv on rank i = chunk i of send on rank j (equal chunks).
-  virtual void alltoall(const TensorView& send, const TensorView& recv) = 0;
-  virtual void send(const TensorView& buffer, int peer) = 0;
-  virtual void recv(const TensorView& buffer, int peer) = 0;
+  void alltoall(const TensorView& send, const TensorView& recv);
+  // One message to / from another rank of the group (a send_recv of one).
+  void send(const TensorView& buffer, int peer);
+  void recv(const TensorView& buffer, int peer);
   // Posts every send and receive, then waits for all: a group of exchanges
   // that cannot deadlock whatever order the peers list them in. Messages to
   // the same peer match in list order.
-  virtual void send_recv(std::span<const PeerMessage> sends,
-                         std::span<const PeerMessage> receives) = 0;
-  virtual void barrier() = 0;
+  void send_recv(std::span<const PeerMessage> sends, std::span<const PeerMessage> receives);
+  void barrier() { do_barrier(); }
 
   // Marks the communicator unusable; later calls throw. Safe from any thread.
   virtual void abort() noexcept = 0;
@@ -82,16 +89,14 @@ class Communicator {
   // Collective over this group: every rank calls it with the same `ranks`
   // (sorted, unique, within [0, size())). Members get a communicator whose
   // rank r is ranks[r]; non-members get nullptr.
-  virtual std::unique_ptr<Communicator> new_group(std::span<const int> ranks) = 0;
+  std::unique_ptr<Communicator> new_group(std::span<const int> ranks);
 
   // Like new_group, for the buckets' ops on the communication thread: a
   // backend with device streams puts the group's collectives on the device's
-  // communication stream (bagua/core/cuda.h), in order with the ops' kernels and
-  // ready-event waits. Other groups keep streams of their own, so calls made
-  // concurrently from other threads never queue behind the buckets'.
-  virtual std::unique_ptr<Communicator> new_bucket_group(std::span<const int> ranks) {
-    return new_group(ranks);
-  }
+  // communication stream (bagua/core/cuda.h), in order with the ops' kernels
+  // and ready-event waits. Other groups keep streams of their own, so calls
+  // made concurrently from other threads never queue behind the buckets'.
+  std::unique_ptr<Communicator> new_bucket_group(std::span<const int> ranks);
 
   // Collective: checks that every rank passes the same op, element count and
   // dtype (and root), so a mismatch is an InvalidArgument on every rank rather
@@ -101,7 +106,47 @@ class Communicator {
   const CommCounters& counters() const { return counters_; }
 
  protected:
+  // The backends' implementations, called with checked arguments and at
+  // least one element to move (send_recv: any messages, empty ones included).
+  virtual void do_allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) = 0;
+  virtual void do_reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) = 0;
+  virtual void do_broadcast(const TensorView& buffer, int root) = 0;
+  virtual void do_allgather(const TensorView& send, const TensorView& recv) = 0;
+  virtual void do_gather(const TensorView& send, const TensorView& recv, int root) = 0;
+  virtual void do_scatter(const TensorView& send, const TensorView& recv, int root) = 0;
+  virtual void do_reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) = 0;
+  virtual void do_alltoall(const TensorView& send, const TensorView& recv) = 0;
+  virtual void do_send_recv(std::span<const PeerMessage> sends,
+                            std::span<const PeerMessage> receives) = 0;
+  virtual void do_barrier() = 0;
+  virtual std::unique_ptr<Communicator> do_new_group(std::span<const int> ranks) = 0;
+  virtual std::unique_ptr<Communicator> do_new_bucket_group(std::span<const int> ranks) {
+    return do_new_group(ranks);
+  }
+
+  // For do_new_group: the number of the next group of this communicator
+  // (every rank counts every group, member or not, so the numbers agree) and
+  // this rank's rank in it, -1 for a non-member.
+  struct GroupSlot {
+    int number = 0;
+    int rank = -1;
+  };
+  GroupSlot next_group(std::span<const int> ranks);
+
+  // Adds one call moving `bytes` each way to the counters.
+  void count(std::size_t bytes);
+
   CommCounters counters_;
+
+ private:
+  void check_root(std::string_view op, int root) const;
+  void check_peer(std::string_view op, int peer) const;
+  void check_same_shape(std::string_view op, const TensorView& a, const TensorView& b) const;
+  // `whole` holds size() copies of `part`.
+  void check_gathered(std::string_view op, const TensorView& part, const TensorView& whole) const;
+  void check_group(std::span<const int> ranks) const;
+
+  int group_counter_ = 0;
 };
 
 // The intra-node / inter-node pair for hierarchical communication.
