@@ -8,13 +8,13 @@
 //   broadcast inside the node; intra-node traffic stays on the node.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string_view>
-#include <vector>
 
 #include "bagua/comm/communicator.h"
+#include "bagua/ops/hierarchical_op.h"
 #include "bagua/runtime/bucket.h"
-#include "bagua/runtime/comm_op.h"
 #include "bagua/runtime/compute.h"
 
 namespace bagua {
@@ -25,34 +25,22 @@ struct CentralizedSynchronousOptions {
   bool scattergather = false;
 };
 
-class CentralizedSynchronousOp final : public CommOp {
+class CentralizedSynchronousOp final : public HierarchicalOp {
  public:
   // `hierarchy` is required when options.hierarchical is set.
   CentralizedSynchronousOp(std::shared_ptr<Communicator> global,
                            std::shared_ptr<HierarchicalComms> hierarchy,
                            CentralizedSynchronousOptions options)
-      : global_(std::move(global)), hierarchy_(std::move(hierarchy)), options_(options) {
-    BAGUA_CHECK_ARG(global_ != nullptr, "C_FP_S: no communicator");
-    BAGUA_CHECK_ARG(!options_.hierarchical || hierarchy_ != nullptr,
-                    "C_FP_S: hierarchical mode needs the intra/inter-node communicators");
-  }
+      : HierarchicalOp("C_FP_S", std::move(global), std::move(hierarchy), options.hierarchical),
+        options_(options) {}
 
   std::string_view name() const override { return "centralized_synchronous"; }
 
   void execute(Bucket& bucket) override {
-    const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
-                                  hierarchy_ ? hierarchy_->inter.get() : nullptr});
-    if (!compute_ || compute_->device() != bucket.device()) compute_ = compute_for(bucket.device());
-    bucket.with_flat_view([&](const TensorView& data) {
-      if (!options_.hierarchical) {
-        reduce_on(*global_, data, options_.average ? ReduceOp::kAvg : ReduceOp::kSum);
-        return;
-      }
-      auto& intra = *hierarchy_->intra;
-      intra.reduce(data, data, 0, ReduceOp::kSum);
-      if (hierarchy_->is_leader()) reduce_on(*hierarchy_->inter, data, ReduceOp::kSum);
-      intra.broadcast(data, 0);
-      if (options_.average) compute_->divide(data, global_->size());
+    for_flat_bucket(bucket, [&](const TensorView& data) {
+      reduce_across(data, options_.average, [&](Communicator& comm, const TensorView& d, bool avg) {
+        reduce_on(comm, d, avg ? ReduceOp::kAvg : ReduceOp::kSum);
+      });
     });
   }
 
@@ -63,7 +51,7 @@ class CentralizedSynchronousOp final : public CommOp {
       comm.allreduce(data, data, op);
       return;
     }
-    Compute& c = *compute_;
+    Compute& c = compute();
     const std::int64_t n = comm.size();
     const std::int64_t chunk = (data.numel + n - 1) / n;
     const std::size_t element = dtype_size(data.dtype);
@@ -78,10 +66,7 @@ class CentralizedSynchronousOp final : public CommOp {
     c.copy(data.data, padded.data, data.nbytes());
   }
 
-  std::shared_ptr<Communicator> global_;
-  std::shared_ptr<HierarchicalComms> hierarchy_;
   CentralizedSynchronousOptions options_;
-  std::unique_ptr<Compute> compute_;
 };
 
 }  // namespace bagua

@@ -15,14 +15,16 @@
 // and every rank sets W = x (L and R are only used on leaders).
 #pragma once
 
+#include <cstdint>
 #include <memory>
-#include <vector>
+#include <string_view>
 
 #include "bagua/comm/communicator.h"
 #include "bagua/compression/chunked_layout.h"
+#include "bagua/compression/minmax_uint8_view.h"
+#include "bagua/ops/hierarchical_op.h"
 #include "bagua/ops/op_steps.h"
 #include "bagua/runtime/bucket.h"
-#include "bagua/runtime/comm_op.h"
 #include "bagua/runtime/compute.h"
 
 namespace bagua {
@@ -31,7 +33,7 @@ struct LowPrecisionDecentralizedOptions {
   bool hierarchical = true;
 };
 
-class LowPrecisionDecentralizedOp final : public CommOp {
+class LowPrecisionDecentralizedOp final : public HierarchicalOp {
  public:
   static constexpr std::int64_t kChunkElements = 1 << 16;
 
@@ -39,15 +41,10 @@ class LowPrecisionDecentralizedOp final : public CommOp {
                               std::shared_ptr<HierarchicalComms> hierarchy, TensorView weight,
                               TensorView left, TensorView right, std::int64_t bucket_numel,
                               DType bucket_dtype, LowPrecisionDecentralizedOptions options)
-      : global_(std::move(global)),
-        hierarchy_(std::move(hierarchy)),
+      : HierarchicalOp("D_LP_S", std::move(global), std::move(hierarchy), options.hierarchical),
         weight_(weight),
         left_(left),
-        right_(right),
-        options_(options) {
-    BAGUA_CHECK_ARG(global_ != nullptr, "D_LP_S: no communicator");
-    BAGUA_CHECK_ARG(!options_.hierarchical || hierarchy_ != nullptr,
-                    "D_LP_S: hierarchical mode needs the intra/inter-node communicators");
+        right_(right) {
     check_compressible(bucket_dtype, "D_LP_S (append_low_precision_decentralized_synchronous_op)");
     for (const auto* view : {&weight_, &left_, &right_}) {
       BAGUA_CHECK_ARG(view->numel == bucket_numel && view->dtype == bucket_dtype,
@@ -59,24 +56,15 @@ class LowPrecisionDecentralizedOp final : public CommOp {
   std::string_view name() const override { return "low_precision_decentralized"; }
 
   void execute(Bucket& bucket) override {
-    const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
-                                  hierarchy_ ? hierarchy_->inter.get() : nullptr});
     for (const auto* view : {&weight_, &left_, &right_}) {
       BAGUA_CHECK_ARG(view->device == bucket.device(),
                       "D_LP_S: the weight copies must be on the bucket's device ({}), got {}",
                       bucket.device().str(), view->describe());
     }
-    if (!compute_ || compute_->device() != bucket.device()) compute_ = compute_for(bucket.device());
-    bucket.with_flat_view([&](const TensorView& x) {
-      if (!options_.hierarchical) {
-        ring_step(*global_, x);
-        return;
-      }
-      auto& intra = *hierarchy_->intra;
-      intra.allreduce(x, x, ReduceOp::kAvg);
-      if (hierarchy_->is_leader()) ring_step(*hierarchy_->inter, x);
-      intra.broadcast(x, 0);
-      compute_->copy(weight_.data, x.data, x.nbytes());
+    for_flat_bucket(bucket, [&](const TensorView& x) {
+      exchange_across(x, [&](Communicator& comm) { ring_step(comm, x); });
+      // Hierarchical: every rank of the node adopts the leader's result.
+      if (hierarchical()) compute().copy(weight_.data, x.data, x.nbytes());
     });
   }
 
@@ -84,7 +72,7 @@ class LowPrecisionDecentralizedOp final : public CommOp {
   // Host loops or kernels (Compute), compressing before the bytes reach the
   // communicator.
   void ring_step(Communicator& comm, const TensorView& x) {
-    Compute& c = *compute_;
+    Compute& c = compute();
     const std::int64_t numel = x.numel;
     const std::size_t bytes = minmax_uint8::ChunkedLayout{numel, kChunkElements}.bytes();
     const auto diff_block = c.scratch(static_cast<std::size_t>(numel) * sizeof(float));
@@ -116,21 +104,9 @@ class LowPrecisionDecentralizedOp final : public CommOp {
     c.copy(x.data, weight_.data, x.nbytes());
   }
 
-  static std::byte* bytes_of(const CachingAllocator::Block& block) {
-    return static_cast<std::byte*>(block.data());
-  }
-  static TensorView byte_view(const Compute& c, const CachingAllocator::Block& block,
-                              std::size_t bytes) {
-    return c.view(block, static_cast<std::int64_t>(bytes), DType::kUInt8);
-  }
-
-  std::shared_ptr<Communicator> global_;
-  std::shared_ptr<HierarchicalComms> hierarchy_;
   TensorView weight_;
   TensorView left_;
   TensorView right_;
-  LowPrecisionDecentralizedOptions options_;
-  std::unique_ptr<Compute> compute_;
 };
 
 }  // namespace bagua

@@ -14,14 +14,14 @@
 // The communication step counts executions, so all ranks agree on it.
 #pragma once
 
-#include <cstring>
+#include <cstdint>
 #include <memory>
-#include <vector>
+#include <string_view>
 
 #include "bagua/comm/communicator.h"
+#include "bagua/ops/hierarchical_op.h"
 #include "bagua/ops/peer_selection.h"
 #include "bagua/runtime/bucket.h"
-#include "bagua/runtime/comm_op.h"
 #include "bagua/runtime/compute.h"
 
 namespace bagua {
@@ -31,19 +31,15 @@ struct DecentralizedSynchronousOptions {
   PeerSelection peer_selection = PeerSelection::kAll;
 };
 
-class DecentralizedSynchronousOp final : public CommOp {
+class DecentralizedSynchronousOp final : public HierarchicalOp {
  public:
   DecentralizedSynchronousOp(std::shared_ptr<Communicator> global,
                              std::shared_ptr<HierarchicalComms> hierarchy, TensorView peer_weight,
                              std::int64_t bucket_numel, DType bucket_dtype,
                              DecentralizedSynchronousOptions options)
-      : global_(std::move(global)),
-        hierarchy_(std::move(hierarchy)),
+      : HierarchicalOp("D_FP_S", std::move(global), std::move(hierarchy), options.hierarchical),
         peer_weight_(peer_weight),
         options_(options) {
-    BAGUA_CHECK_ARG(global_ != nullptr, "D_FP_S: no communicator");
-    BAGUA_CHECK_ARG(!options_.hierarchical || hierarchy_ != nullptr,
-                    "D_FP_S: hierarchical mode needs the intra/inter-node communicators");
     BAGUA_CHECK_ARG(is_floating_point(bucket_dtype),
                     "D_FP_S averages floating point weights, got {}", to_string(bucket_dtype));
     BAGUA_CHECK_ARG(peer_weight_.numel == bucket_numel && peer_weight_.dtype == bucket_dtype,
@@ -54,33 +50,24 @@ class DecentralizedSynchronousOp final : public CommOp {
   std::string_view name() const override { return "decentralized_synchronous"; }
 
   void execute(Bucket& bucket) override {
-    const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
-                                  hierarchy_ ? hierarchy_->inter.get() : nullptr});
     BAGUA_CHECK_ARG(peer_weight_.device == bucket.device(),
                     "D_FP_S: peer_weight is on {} but bucket '{}' is on {}",
                     peer_weight_.device.str(), bucket.name(), bucket.device().str());
-    if (!compute_ || compute_->device() != bucket.device()) compute_ = compute_for(bucket.device());
-    bucket.with_flat_view([&](const TensorView& x) {
-      compute_->copy(peer_weight_.data, x.data, x.nbytes());
-      if (!options_.hierarchical) {
-        average_with_peers(*global_, peer_weight_);
-      } else {
-        auto& intra = *hierarchy_->intra;
-        intra.allreduce(peer_weight_, peer_weight_, ReduceOp::kAvg);
-        if (hierarchy_->is_leader()) average_with_peers(*hierarchy_->inter, peer_weight_);
-        intra.broadcast(peer_weight_, 0);
-      }
+    for_flat_bucket(bucket, [&](const TensorView& x) {
+      compute().copy(peer_weight_.data, x.data, x.nbytes());
+      exchange_across(peer_weight_,
+                      [&](Communicator& comm) { average_with_peers(comm, peer_weight_); });
     });
     ++step_;
   }
 
   // x = peer_weight: adopts the average computed by the last execution.
   void copy_back_peer_weight(Bucket& bucket) {
-    if (!compute_ || compute_->device() != bucket.device()) compute_ = compute_for(bucket.device());
+    Compute& c = compute_on(bucket.device());
     bucket.with_flat_view([&](const TensorView& x) {
-      compute_->copy(x.data, peer_weight_.data, x.nbytes());
+      c.copy(x.data, peer_weight_.data, x.nbytes());
       // Called from the training thread: the copy is done when this returns.
-      compute_->finish("copy_back_peer_weight", global_->timeout());
+      c.finish("copy_back_peer_weight", global().timeout());
     });
   }
 
@@ -99,45 +86,47 @@ class DecentralizedSynchronousOp final : public CommOp {
         if (peer >= 0) average_with(comm, w, peer);  // else: sits this step out
         return;
       }
-      case PeerSelection::kRing: {
-        const int left = (rank + n - 1) % n;
-        const int right = (rank + 1) % n;
-        if (left == right) {  // two ranks: one neighbour
-          average_with(comm, w, left);
-          return;
-        }
-        const auto left_block = compute_->scratch(w.nbytes());
-        const auto right_block = compute_->scratch(w.nbytes());
-        const TensorView from_left = compute_->view(left_block, w.numel, w.dtype);
-        const TensorView from_right = compute_->view(right_block, w.numel, w.dtype);
-        const PeerMessage sends[] = {{w, left}, {w, right}};
-        const PeerMessage receives[] = {{from_left, left}, {from_right, right}};
-        comm.send_recv(sends, receives);
-        compute_->axpby(1.0, from_left, 1.0, w);
-        compute_->axpby(1.0, from_right, 1.0, w);
-        compute_->divide(w, 3);
-        return;
-      }
+      case PeerSelection::kRing: average_with_neighbours(comm, w); return;
     }
+  }
+
+  // w = (w + w_left + w_right) / 3; with two ranks, (w + w_other) / 2.
+  void average_with_neighbours(Communicator& comm, const TensorView& w) {
+    const int n = comm.size();
+    const int left = (comm.rank() + n - 1) % n;
+    const int right = (comm.rank() + 1) % n;
+    if (left == right) {  // two ranks: one neighbour
+      average_with(comm, w, left);
+      return;
+    }
+    Compute& c = compute();
+    const auto left_block = c.scratch(w.nbytes());
+    const auto right_block = c.scratch(w.nbytes());
+    const TensorView from_left = c.view(left_block, w.numel, w.dtype);
+    const TensorView from_right = c.view(right_block, w.numel, w.dtype);
+    const PeerMessage sends[] = {{w, left}, {w, right}};
+    const PeerMessage receives[] = {{from_left, left}, {from_right, right}};
+    comm.send_recv(sends, receives);
+    c.axpby(1.0, from_left, 1.0, w);
+    c.axpby(1.0, from_right, 1.0, w);
+    c.divide(w, 3);
   }
 
   // w = (w + w of `peer`) / 2.
   void average_with(Communicator& comm, const TensorView& w, int peer) {
-    const auto block = compute_->scratch(w.nbytes());
-    const TensorView theirs = compute_->view(block, w.numel, w.dtype);
+    Compute& c = compute();
+    const auto block = c.scratch(w.nbytes());
+    const TensorView theirs = c.view(block, w.numel, w.dtype);
     const PeerMessage sends[] = {{w, peer}};
     const PeerMessage receives[] = {{theirs, peer}};
     comm.send_recv(sends, receives);
-    compute_->axpby(1.0, theirs, 1.0, w);
-    compute_->divide(w, 2);
+    c.axpby(1.0, theirs, 1.0, w);
+    c.divide(w, 2);
   }
 
-  std::shared_ptr<Communicator> global_;
-  std::shared_ptr<HierarchicalComms> hierarchy_;
   TensorView peer_weight_;
   DecentralizedSynchronousOptions options_;
   std::int64_t step_ = 0;
-  std::unique_ptr<Compute> compute_;
 };
 
 }  // namespace bagua

@@ -1,0 +1,107 @@
+// HierarchicalOp: the skeleton shared by the bucket ops that communicate on
+// a global communicator or, hierarchically, inside the node and among the
+// node leaders (C_FP_S, C_LP_S, D_FP_S, D_LP_S). It holds the communicators
+// and checks them, counts the bytes they send, keeps a Compute on the
+// bucket's device, and writes the two hierarchical patterns once:
+// - centralized (reduce_across): the node sums into its leader, the leaders
+//   reduce among themselves, the node receives the sum, then divides;
+// - decentralized (exchange_across): the node averages on every rank, the
+//   leaders exchange among themselves, the node receives the leader's result.
+//
+// Threading: as CommOp (the communication thread, one op at a time).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/core/errors.h"
+#include "bagua/runtime/bucket.h"
+#include "bagua/runtime/comm_op.h"
+#include "bagua/runtime/compute.h"
+
+namespace bagua {
+
+class HierarchicalOp : public CommOp {
+ protected:
+  // `label` names the op in errors ("C_FP_S"); `hierarchy` is required when
+  // `hierarchical` is set.
+  HierarchicalOp(std::string_view label, std::shared_ptr<Communicator> global,
+                 std::shared_ptr<HierarchicalComms> hierarchy, bool hierarchical)
+      : global_(std::move(global)), hierarchy_(std::move(hierarchy)), hierarchical_(hierarchical) {
+    BAGUA_CHECK_ARG(global_ != nullptr, "{}: no communicator", label);
+    BAGUA_CHECK_ARG(!hierarchical_ || hierarchy_ != nullptr,
+                    "{}: hierarchical mode needs the intra/inter-node communicators", label);
+  }
+
+  // fn(data) over the bucket's elements as one flat view, counting what the
+  // communicators send, with compute() on the bucket's device.
+  template <typename Fn>
+  void for_flat_bucket(Bucket& bucket, Fn&& fn) {
+    const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
+                                  hierarchy_ ? hierarchy_->inter.get() : nullptr});
+    compute_on(bucket.device());
+    bucket.with_flat_view(std::forward<Fn>(fn));
+  }
+
+  // data = the sum over all ranks, divided by their number when `average`.
+  // Flat: reduce(global, data, average). Hierarchical: the node sums into its
+  // leader, the leaders run reduce(inter, data, false), the node receives the
+  // sum and divides it.
+  template <typename Reduce>
+  void reduce_across(const TensorView& data, bool average, Reduce&& reduce) {
+    if (!hierarchical_) {
+      reduce(*global_, data, average);
+      return;
+    }
+    auto& intra = *hierarchy_->intra;
+    intra.reduce(data, data, 0, ReduceOp::kSum);
+    if (hierarchy_->is_leader()) reduce(*hierarchy_->inter, data, false);
+    intra.broadcast(data, 0);
+    if (average) compute_->divide(data, global_->size());
+  }
+
+  // Flat: exchange(global). Hierarchical: the node averages `data` on every
+  // rank, the leaders run exchange(inter), the node receives the leader's
+  // `data`.
+  template <typename Exchange>
+  void exchange_across(const TensorView& data, Exchange&& exchange) {
+    if (!hierarchical_) {
+      exchange(*global_);
+      return;
+    }
+    auto& intra = *hierarchy_->intra;
+    intra.allreduce(data, data, ReduceOp::kAvg);
+    if (hierarchy_->is_leader()) exchange(*hierarchy_->inter);
+    intra.broadcast(data, 0);
+  }
+
+  // The compute of `device` (made again when the bucket moved).
+  Compute& compute_on(Device device) {
+    if (!compute_ || compute_->device() != device) compute_ = compute_for(device);
+    return *compute_;
+  }
+  Compute& compute() { return *compute_; }
+  Communicator& global() const { return *global_; }
+  bool hierarchical() const { return hierarchical_; }
+
+  // A scratch block as bytes, and as a uint8 view of its first `bytes`.
+  static std::byte* bytes_of(const CachingAllocator::Block& block) {
+    return static_cast<std::byte*>(block.data());
+  }
+  static TensorView byte_view(const Compute& c, const CachingAllocator::Block& block,
+                              std::size_t bytes) {
+    return c.view(block, static_cast<std::int64_t>(bytes), DType::kUInt8);
+  }
+
+ private:
+  std::shared_ptr<Communicator> global_;
+  std::shared_ptr<HierarchicalComms> hierarchy_;
+  bool hierarchical_;
+  std::unique_ptr<Compute> compute_;
+};
+
+}  // namespace bagua
