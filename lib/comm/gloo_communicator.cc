@@ -125,12 +125,9 @@ class GlooCommunicator final : public Communicator {
     copy_if_distinct(send, recv);
     count(recv.nbytes() * 2 * (size() - 1) / size());
     if (size() > 1) {
-      run("allreduce", [&] {
-        ::gloo::AllreduceOptions opts(context_);
-        opts.setTag(next_tag());
+      collective<::gloo::AllreduceOptions>("allreduce", ::gloo::allreduce, [&](auto& opts) {
         set_typed_output(opts, recv);
         opts.setReduceFunction(reduce_function(op, recv.dtype));
-        ::gloo::allreduce(opts);
       });
     }
     if (op == ReduceOp::kAvg) divide_inplace(recv, size());
@@ -149,13 +146,10 @@ class GlooCommunicator final : public Communicator {
       work = TensorView{scratch.data(), send.numel, send.dtype, send.device};
     }
     if (size() > 1) {
-      run("reduce", [&] {
-        ::gloo::ReduceOptions opts(context_);
-        opts.setTag(next_tag());
+      collective<::gloo::ReduceOptions>("reduce", ::gloo::reduce, [&](auto& opts) {
         opts.setRoot(root);
         set_typed_output(opts, work);
         opts.setReduceFunction(reduce_function(op, work.dtype));
-        ::gloo::reduce(opts);
       });
     }
     if (is_root && op == ReduceOp::kAvg) divide_inplace(recv, size());
@@ -164,48 +158,37 @@ class GlooCommunicator final : public Communicator {
   void do_broadcast(const TensorView& buffer, int root) override {
     if (size() == 1) return;
     count(buffer.nbytes());
-    run("broadcast", [&] {
-      ::gloo::BroadcastOptions opts(context_);
-      opts.setTag(next_tag());
+    collective<::gloo::BroadcastOptions>("broadcast", ::gloo::broadcast, [&](auto& opts) {
       opts.setRoot(root);
       opts.setOutput(buffer.bytes(), buffer.nbytes());
-      ::gloo::broadcast(opts);
     });
   }
 
   void do_allgather(const TensorView& send, const TensorView& recv) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes() * (size() - 1));
-    run("allgather", [&] {
-      ::gloo::AllgatherOptions opts(context_);
-      opts.setTag(next_tag());
+    collective<::gloo::AllgatherOptions>("allgather", ::gloo::allgather, [&](auto& opts) {
       // Gloo reads this rank's slice from the output buffer when the input
       // aliases it; a separate input is the general case.
       opts.setInput(send.bytes(), send.nbytes());
       opts.setOutput(recv.bytes(), recv.nbytes());
-      ::gloo::allgather(opts);
     });
   }
 
   void do_gather(const TensorView& send, const TensorView& recv, int root) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes());
-    run("gather", [&] {
-      ::gloo::GatherOptions opts(context_);
-      opts.setTag(next_tag());
+    collective<::gloo::GatherOptions>("gather", ::gloo::gather, [&](auto& opts) {
       opts.setRoot(root);
       opts.setInput(send.bytes(), send.nbytes());
       if (rank() == root) opts.setOutput(recv.bytes(), recv.nbytes());
-      ::gloo::gather(opts);
     });
   }
 
   void do_scatter(const TensorView& send, const TensorView& recv, int root) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(recv.nbytes());
-    run("scatter", [&] {
-      ::gloo::ScatterOptions opts(context_);
-      opts.setTag(next_tag());
+    collective<::gloo::ScatterOptions>("scatter", ::gloo::scatter, [&](auto& opts) {
       opts.setRoot(root);
       if (rank() == root) {
         std::vector<std::byte*> chunks;
@@ -214,7 +197,6 @@ class GlooCommunicator final : public Communicator {
         opts.setInputs(chunks, recv.nbytes());
       }
       opts.setOutput(recv.bytes(), recv.nbytes());
-      ::gloo::scatter(opts);
     });
   }
 
@@ -234,12 +216,9 @@ class GlooCommunicator final : public Communicator {
   void do_alltoall(const TensorView& send, const TensorView& recv) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes() * (size() - 1) / size());
-    run("alltoall", [&] {
-      ::gloo::AlltoallOptions opts(context_);
-      opts.setTag(next_tag());
+    collective<::gloo::AlltoallOptions>("alltoall", ::gloo::alltoall, [&](auto& opts) {
       opts.setInput(send.bytes(), send.nbytes());
       opts.setOutput(recv.bytes(), recv.nbytes());
-      ::gloo::alltoall(opts);
     });
   }
 
@@ -268,11 +247,7 @@ class GlooCommunicator final : public Communicator {
 
   void do_barrier() override {
     if (size() == 1) return;
-    run("barrier", [&] {
-      ::gloo::BarrierOptions opts(context_);
-      opts.setTag(next_tag());
-      ::gloo::barrier(opts);
-    });
+    collective<::gloo::BarrierOptions>("barrier", ::gloo::barrier, [](auto& /*opts*/) {});
   }
 
   std::unique_ptr<Communicator> do_new_group(std::span<const int> ranks) override {
@@ -306,7 +281,17 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  std::uint32_t next_tag() { return tag_++; }
+  // Runs the Gloo collective `call` (run's error translation) with options
+  // of this context and the next tag, after `fill` set its buffers.
+  template <typename Options, typename Call, typename Fill>
+  void collective(std::string_view op, Call&& call, Fill&& fill) {
+    run(op, [&] {
+      Options opts(context_);
+      opts.setTag(tag_++);
+      fill(opts);
+      call(opts);
+    });
+  }
 
   // Point-to-point messages to (from) `peer` use consecutive slots, so sends
   // and receives match in program order.

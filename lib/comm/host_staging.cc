@@ -36,53 +36,30 @@ class HostStagingCommunicator final : public Communicator {
   // Each call stages its device buffers and hands the host views to the
   // inner communicator's (checked) entry point.
   void do_allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
-    Staging s(*this);
-    const auto in = s.in(send);
-    inner_->allreduce(in, s.out(recv, send, in), op);
-    s.finish();
+    staged(send, recv, [&](const auto& in, const auto& out) { inner_->allreduce(in, out, op); });
   }
   void do_reduce(const TensorView& send, const TensorView& recv, int root, ReduceOp op) override {
-    Staging s(*this);
-    const auto in = s.in(send);
-    inner_->reduce(in, s.out(recv, send, in), root, op);
-    s.finish();
+    staged(send, recv, [&](const auto& in, const auto& out) { inner_->reduce(in, out, root, op); });
   }
   void do_broadcast(const TensorView& buffer, int root) override {
-    Staging s(*this);
-    const auto in = s.in(buffer);
-    s.mark_output(buffer, in);
-    inner_->broadcast(in, root);
-    s.finish();
+    staged(buffer, buffer,
+           [&](const auto& in, const auto& /*out*/) { inner_->broadcast(in, root); });
   }
   void do_allgather(const TensorView& send, const TensorView& recv) override {
-    Staging s(*this);
-    const auto in = s.in(send);
-    inner_->allgather(in, s.out(recv, send, in));
-    s.finish();
+    staged(send, recv, [&](const auto& in, const auto& out) { inner_->allgather(in, out); });
   }
   void do_gather(const TensorView& send, const TensorView& recv, int root) override {
-    Staging s(*this);
-    const auto in = s.in(send);
-    inner_->gather(in, s.out(recv, send, in), root);
-    s.finish();
+    staged(send, recv, [&](const auto& in, const auto& out) { inner_->gather(in, out, root); });
   }
   void do_scatter(const TensorView& send, const TensorView& recv, int root) override {
-    Staging s(*this);
-    const auto in = s.in(send);
-    inner_->scatter(in, s.out(recv, send, in), root);
-    s.finish();
+    staged(send, recv, [&](const auto& in, const auto& out) { inner_->scatter(in, out, root); });
   }
   void do_reduce_scatter(const TensorView& send, const TensorView& recv, ReduceOp op) override {
-    Staging s(*this);
-    const auto in = s.in(send);
-    inner_->reduce_scatter(in, s.out(recv, send, in), op);
-    s.finish();
+    staged(send, recv,
+           [&](const auto& in, const auto& out) { inner_->reduce_scatter(in, out, op); });
   }
   void do_alltoall(const TensorView& send, const TensorView& recv) override {
-    Staging s(*this);
-    const auto in = s.in(send);
-    inner_->alltoall(in, s.out(recv, send, in));
-    s.finish();
+    staged(send, recv, [&](const auto& in, const auto& out) { inner_->alltoall(in, out); });
   }
   void do_send_recv(std::span<const PeerMessage> sends,
                     std::span<const PeerMessage> receives) override {
@@ -108,6 +85,16 @@ class HostStagingCommunicator final : public Communicator {
   }
 
  private:
+  // call(host input, host output) with `send` staged in and `recv` staged out
+  // (in place, send == recv, shares one host buffer).
+  template <typename Call>
+  void staged(const TensorView& send, const TensorView& recv, Call&& call) {
+    Staging s(*this);
+    const auto in = s.in(send);
+    call(in, s.out(recv, send, in));
+    s.finish();
+  }
+
   // The staged views of one call: CUDA inputs are copied into pinned host
   // blocks (from the pool) on the communication stream, in order after the
   // device work that produced them; `finish` copies the device outputs back
@@ -143,9 +130,6 @@ class HostStagingCommunicator final : public Communicator {
           view.data == input.data && input.data != nullptr ? staged_input : host_buffer(view);
       outputs_.emplace_back(view, host);
       return host;
-    }
-    void mark_output(const TensorView& device, const TensorView& host) {
-      if (device.device.type == DeviceType::kCUDA) outputs_.emplace_back(device, host);
     }
 
     // After the inner call succeeded: the outputs go back to the device.

@@ -205,40 +205,22 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  // Root receives chunk r from rank r (its own chunk is a copy).
   void do_gather(const TensorView& send, const TensorView& recv, int root) override {
     count(send.nbytes());
     const TensorView target = rank_ == root ? recv : send;
     run(
         "gather", {send}, {target},
         [&](const auto& in, const auto& out) {
-          Exchange exchange;
-          if (rank_ != root) {
-            exchange.sends.push_back({in[0], root});
-          } else {
-            for (int r = 0; r < size_; ++r) {
-              exchange.add_receive(out[0].slice(r * send.numel, send.numel), in[0], r, rank_);
-            }
-          }
-          return post("gather", exchange);
+          return post("gather", with_root(/*gather=*/true, out[0], in[0], root));
         },
         /*copy_back=*/rank_ == root);
   }
 
-  // Root sends chunk r to rank r (its own chunk is a copy).
   void do_scatter(const TensorView& send, const TensorView& recv, int root) override {
     count(recv.nbytes());
     const TensorView source = rank_ == root ? send : recv;
     run("scatter", {source}, {recv}, [&](const auto& in, const auto& out) {
-      Exchange exchange;
-      if (rank_ != root) {
-        exchange.receives.push_back({out[0], root});
-      } else {
-        for (int r = 0; r < size_; ++r) {
-          exchange.add_send(in[0].slice(r * recv.numel, recv.numel), out[0], r, rank_);
-        }
-      }
-      return post("scatter", exchange);
+      return post("scatter", with_root(/*gather=*/false, in[0], out[0], root));
     });
   }
 
@@ -324,6 +306,26 @@ class NcclCommunicator final : public Communicator {
       }
     }
   };
+
+  // The messages of a gather (the root receives chunk r of `whole` from rank
+  // r) or a scatter (the root sends it); the root's own chunk is a copy
+  // with `part`, any other rank exchanges `part` with the root.
+  Exchange with_root(bool gather, const TensorView& whole, const TensorView& part, int root) const {
+    Exchange exchange;
+    if (rank_ != root) {
+      (gather ? exchange.sends : exchange.receives).push_back({part, root});
+      return exchange;
+    }
+    for (int r = 0; r < size_; ++r) {
+      const auto chunk = whole.slice(r * part.numel, part.numel);
+      if (gather) {
+        exchange.add_receive(chunk, part, r, rank_);
+      } else {
+        exchange.add_send(chunk, part, r, rank_);
+      }
+    }
+    return exchange;
+  }
 
   // Enqueues the exchange's copies, then its messages in one NCCL group.
   ncclResult_t post(const char* op, const Exchange& exchange) {

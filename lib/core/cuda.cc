@@ -38,6 +38,18 @@ class PerDevice {
   std::vector<std::unique_ptr<T>> slots_;
 };
 
+void* create_stream(int device) {
+  const DeviceGuard guard(device);
+  int least = 0;
+  int greatest = 0;
+  detail::check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                     "cudaDeviceGetStreamPriorityRange");
+  cudaStream_t stream = nullptr;
+  detail::check_cuda(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest),
+                     "cudaStreamCreateWithPriority");
+  return stream;
+}
+
 void* create_event(int device) {
   const DeviceGuard guard(device);
   cudaEvent_t event = nullptr;
@@ -79,33 +91,21 @@ DeviceGuard::DeviceGuard(int device) {
 
 DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
 
-Stream::Stream(int device) {
-  const DeviceGuard guard(device);
-  int least = 0;
-  int greatest = 0;
-  detail::check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest),
-                     "cudaDeviceGetStreamPriorityRange");
-  cudaStream_t stream = nullptr;
-  detail::check_cuda(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest),
-                     "cudaStreamCreateWithPriority");
-  handle_ = stream;
+namespace detail {
+
+void destroy_stream(void* handle) noexcept {
+  if (handle != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(handle));
 }
 
-void Stream::reset() noexcept {
-  if (handle_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
-  handle_ = nullptr;
-}
-
-Event::Event(int device) : handle_(create_event(device)) {}
-
-void Event::reset() noexcept {
-  destroy(handle_);
-  handle_ = nullptr;
-}
-
-void Event::destroy(void* handle) noexcept {
+void destroy_event(void* handle) noexcept {
   if (handle != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(handle));
 }
+
+}  // namespace detail
+
+Stream::Stream(int device) : UniqueHandle(create_stream(device)) {}
+
+Event::Event(int device) : UniqueHandle(create_event(device)) {}
 
 void* cuda_communication_stream(int device) {
   static auto* streams = new PerDevice<Stream>();
@@ -152,7 +152,7 @@ EventPool& cuda_event_pool(int device) {
   static auto* pools = new PerDevice<EventPool>();
   return pools->get(device, [&] {
     return std::make_unique<EventPool>([device] { return Event(device).release(); },
-                                       &Event::destroy);
+                                       &detail::destroy_event);
   });
 }
 

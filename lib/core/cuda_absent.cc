@@ -28,10 +28,9 @@ int cuda_device_count() noexcept { return 0; }
 DeviceGuard::DeviceGuard(int device) { no_device(device); }
 DeviceGuard::~DeviceGuard() = default;
 Stream::Stream(int device) { no_device(device); }
-void Stream::reset() noexcept {}
 Event::Event(int device) { no_device(device); }
-void Event::reset() noexcept {}
-void Event::destroy(void* /*handle*/) noexcept {}
+void detail::destroy_stream(void* /*handle*/) noexcept {}
+void detail::destroy_event(void* /*handle*/) noexcept {}
 
 void* cuda_communication_stream(int device) { no_device(device); }
 void cuda_stream_wait(void* /*stream*/, std::chrono::milliseconds /*timeout*/,

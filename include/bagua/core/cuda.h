@@ -54,57 +54,56 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
-// An owned stream of one device: the highest priority, non-blocking with
-// respect to the legacy default stream. Move-only; destroyed with the
-// object (after the work enqueued on it, as cudaStreamDestroy does).
-class Stream {
+namespace detail {
+
+void destroy_stream(void* handle) noexcept;
+void destroy_event(void* handle) noexcept;
+
+// A move-only owner of one CUDA handle, given back with `Destroy`.
+template <void (*Destroy)(void*) noexcept>
+class UniqueHandle {
  public:
-  Stream() = default;  // no stream
-  explicit Stream(int device);
-  Stream(Stream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-  Stream& operator=(Stream&& other) noexcept {
+  UniqueHandle() = default;  // no handle
+  UniqueHandle(UniqueHandle&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  UniqueHandle& operator=(UniqueHandle&& other) noexcept {
     if (this != &other) {
       reset();
       handle_ = std::exchange(other.handle_, nullptr);
     }
     return *this;
   }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() { reset(); }
+  UniqueHandle(const UniqueHandle&) = delete;
+  UniqueHandle& operator=(const UniqueHandle&) = delete;
+  ~UniqueHandle() { reset(); }
 
   void* get() const { return handle_; }
-  void reset() noexcept;
+  void reset() noexcept { Destroy(std::exchange(handle_, nullptr)); }
+  // Gives the handle up: the caller destroys it.
+  void* release() { return std::exchange(handle_, nullptr); }
+
+ protected:
+  explicit UniqueHandle(void* handle) : handle_(handle) {}
 
  private:
   void* handle_ = nullptr;
 };
 
+}  // namespace detail
+
+// An owned stream of one device: the highest priority, non-blocking with
+// respect to the legacy default stream. Move-only; destroyed with the
+// object (after the work enqueued on it, as cudaStreamDestroy does).
+class Stream : public detail::UniqueHandle<&detail::destroy_stream> {
+ public:
+  Stream() = default;  // no stream
+  explicit Stream(int device);
+};
+
 // An owned event of one device, timing disabled. Move-only.
-class Event {
+class Event : public detail::UniqueHandle<&detail::destroy_event> {
  public:
   Event() = default;  // no event
   explicit Event(int device);
-  Event(Event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-  Event& operator=(Event&& other) noexcept {
-    if (this != &other) {
-      reset();
-      handle_ = std::exchange(other.handle_, nullptr);
-    }
-    return *this;
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event() { reset(); }
-
-  void* get() const { return handle_; }
-  void reset() noexcept;
-  // Gives the handle up: the caller destroys it (Event::destroy).
-  void* release() { return std::exchange(handle_, nullptr); }
-  static void destroy(void* handle) noexcept;
-
- private:
-  void* handle_ = nullptr;
 };
 
 // The communication stream of `device`, created on first use and kept for
