@@ -2,8 +2,11 @@
 //
 // NCCL's functions come from dlopen("libnccl.so.2") through one table
 // (NcclLibrary), typed from nccl.h's own declarations. Every NCCL and CUDA
-// call goes through check(), which turns a failure into BackendError naming
-// the call, the op and the rank.
+// call goes through check_nccl() / check_cuda(), the error checks of
+// core/cuda_checks.h, which turn a failure into a BackendError naming the
+// call, the op and the rank. Arguments arrive checked (Communicator's entry
+// points); point-to-point parts of a call are one Exchange, posted in one
+// NCCL group.
 #include "bagua/comm/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -259,8 +262,9 @@ class NcclCommunicator final : public Communicator {
     for (const auto& m : receives) out.push_back(m.buffer);
     run("send_recv", in, out, [&](const auto& d_in, const auto& d_out) {
       Exchange exchange;  // the same messages, on the staged device buffers
-      for (std::size_t i = 0; i < sends.size(); ++i)
+      for (std::size_t i = 0; i < sends.size(); ++i) {
         exchange.sends.push_back({d_in[i], sends[i].peer});
+      }
       for (std::size_t i = 0; i < receives.size(); ++i) {
         exchange.receives.push_back({d_out[i], receives[i].peer});
       }

@@ -1,3 +1,5 @@
+// The asynchronous model average op: its background rounds, the weight lock
+// and the agreement on abort; see bagua/ops/asynchronous_model_average.h.
 #include "bagua/ops/asynchronous_model_average.h"
 
 #include <cstring>
@@ -223,31 +225,9 @@ void AsyncModelAverageOp::loop(const std::stop_token& stop) {
                                 [&] { return abort_requested_; });
       }
       if (stop.stop_requested()) break;
-      std::int32_t flag = 0;
-      {
-        std::lock_guard lock(state_mutex_);
-        flag = abort_requested_ ? 1 : 0;
-      }
       const ByteMeter meter(*this, {comm_.get()});
-      const TensorView flag_view{&flag, 1, DType::kInt32, {}};
-      comm_->allreduce(flag_view, flag_view, ReduceOp::kMax);
-      if (flag != 0) break;  // every rank sees the same flag: all stop here
-
-      {
-        std::lock_guard lock(state_mutex_);
-        want_snapshot_ = true;
-      }
-      await_service(stop, [&] { return !want_snapshot_; });
-      const TensorView snapshot{snapshot_.data(), numel_, dtype_, device_};
-      const TensorView sum{sum_.data(), numel_, dtype_, device_};
-      comm_->allreduce(snapshot, sum, ReduceOp::kSum);
-      {
-        std::lock_guard lock(state_mutex_);
-        delta_ready_ = true;
-      }
-      await_service(stop, [&] { return !delta_ready_; });
-      std::lock_guard lock(state_mutex_);
-      ++rounds_;
+      if (any_rank_aborting()) break;  // every rank sees the same answer: all stop here
+      average_round(stop);
     }
     std::lock_guard lock(state_mutex_);
     status_ = AsyncStatus::kStopped;
@@ -258,6 +238,35 @@ void AsyncModelAverageOp::loop(const std::stop_token& stop) {
     status_ = AsyncStatus::kFailed;
   }
   state_changed_.notify_all();
+}
+
+bool AsyncModelAverageOp::any_rank_aborting() {
+  std::int32_t flag = 0;
+  {
+    std::lock_guard lock(state_mutex_);
+    flag = abort_requested_ ? 1 : 0;
+  }
+  const TensorView flag_view{&flag, 1, DType::kInt32, {}};
+  comm_->allreduce(flag_view, flag_view, ReduceOp::kMax);
+  return flag != 0;
+}
+
+void AsyncModelAverageOp::average_round(const std::stop_token& stop) {
+  {
+    std::lock_guard lock(state_mutex_);
+    want_snapshot_ = true;
+  }
+  await_service(stop, [&] { return !want_snapshot_; });
+  const TensorView snapshot{snapshot_.data(), numel_, dtype_, device_};
+  const TensorView sum{sum_.data(), numel_, dtype_, device_};
+  comm_->allreduce(snapshot, sum, ReduceOp::kSum);
+  {
+    std::lock_guard lock(state_mutex_);
+    delta_ready_ = true;
+  }
+  await_service(stop, [&] { return !delta_ready_; });
+  std::lock_guard lock(state_mutex_);
+  ++rounds_;
 }
 
 }  // namespace bagua

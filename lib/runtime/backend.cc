@@ -1,3 +1,5 @@
+// The backend: readiness, in-order scheduling of buckets and the
+// communication thread; see bagua/runtime/backend.h for the contract.
 #include "bagua/runtime/backend.h"
 
 #include <optional>

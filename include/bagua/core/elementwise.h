@@ -83,7 +83,7 @@ inline void reduce_into(ReduceOp op, const TensorView& out, const TensorView& a,
 
 inline void divide_inplace(const TensorView& x, std::int64_t divisor) {
   if (divisor == 1) return;
-  // Device memory is divided by Compute (compute.h), on the device's stream.
+  // Device memory is divided by the runtime's Compute, on the device's stream.
   BAGUA_CHECK_ARG(x.device.type == DeviceType::kCPU, "divide_inplace runs on host memory, got {}",
                   x.describe());
   dispatch_dtype(x.dtype, [&](auto tag) {

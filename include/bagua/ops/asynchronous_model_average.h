@@ -98,8 +98,11 @@ class AsyncModelAverageOp final : public CommOp {
   void lock(bool on_stream, void* cuda_stream);
   void unlock(bool on_stream, void* cuda_stream);
   void start_locked();
-  void stop_and_join();
   void loop(const std::stop_token& stop);
+  // Collective: whether any rank asked to abort (the same answer everywhere).
+  bool any_rank_aborting();
+  // One round: snapshot, allreduce(sum) of the snapshots, update.
+  void average_round(const std::stop_token& stop);
   // Snapshot / update work requested by the background thread; the caller
   // holds the weight lock. `after` (CUDA: an event on the training stream,
   // or null) must complete before the work starts.
