@@ -38,20 +38,23 @@ def one_rank(store, rank, world, results, errors):
             bucket = core.Bucket(kind, [("x", tensor_view(x))])
             keep = []
             if kind == "allreduce":
-                bucket.append_centralized_synchronous_op(bucket_comm, None, False, True, False)
+                bucket.append_centralized_synchronous_op(bucket_comm, None,
+                                                        core.CentralizedSynchronousOptions(hierarchical=False))
             elif kind.startswith("decentralized_"):
                 peer = torch.zeros(NUMEL)
                 keep.append(peer)
-                bucket.append_decentralized_synchronous_op(bucket_comm, None, tensor_view(peer), False,
-                                                           kind.split("_", 1)[1])
+                options = core.DecentralizedSynchronousOptions(
+                    hierarchical=False, peer_selection=core.parse_peer_selection(kind.split("_", 1)[1]))
+                bucket.append_decentralized_synchronous_op(bucket_comm, None, tensor_view(peer), options)
             else:
                 copies = [x.clone() for _ in range(3)]
                 keep.extend(copies)
-                bucket.append_low_precision_decentralized_op(bucket_comm, None,
-                                                              *[tensor_view(c) for c in copies], False)
+                bucket.append_low_precision_decentralized_op(
+                    bucket_comm, None, *[tensor_view(c) for c in copies],
+                    core.LowPrecisionDecentralizedOptions(hierarchical=False))
             steps = 4
             for _ in range(steps):
-                bucket.execute_ops()
+                core._testing.execute_ops(bucket)
             out[kind] = bucket.op_bytes_sent[0] / steps
         results[rank] = out
     except Exception as error:  # noqa: BLE001 - reported by the main thread
@@ -65,7 +68,7 @@ def main():
     args = parser.parse_args()
     table = {}
     for world in [int(s) for s in args.sizes.split(",")]:
-        store = core.hash_store()
+        store = core._testing.hash_store()
         results, errors = [None] * world, []
         threads = [threading.Thread(target=one_rank, args=(store, r, world, results, errors))
                    for r in range(world)]

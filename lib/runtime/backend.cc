@@ -320,4 +320,15 @@ std::exception_ptr Backend::annotate(const std::exception& e, std::string_view o
       "rank {}: op '{}' of bucket '{}' failed: {}", options_.rank, op, bucket.name(), e.what())));
 }
 
+std::vector<std::string> Backend::unready_tensor_names() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> names;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    for (std::size_t t = 0; t < tensor_ready_[b].size(); ++t) {
+      if (!tensor_ready_[b][t]) names.push_back(buckets_[b]->tensors()[t].name);
+    }
+  }
+  return names;
+}
+
 }  // namespace bagua

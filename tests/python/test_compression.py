@@ -15,14 +15,14 @@ import minmax_reference as ref
 
 
 def compress(x):
-    out = torch.zeros(bagua_core.minmax_uint8_compressed_bytes(x.numel()), dtype=torch.uint8)
-    bagua_core.minmax_uint8_compress(tensor_view(x), tensor_view(out))
+    out = torch.zeros(bagua_core._testing.minmax_uint8_compressed_bytes(x.numel()), dtype=torch.uint8)
+    bagua_core._testing.minmax_uint8_compress(tensor_view(x), tensor_view(out))
     return out
 
 
 def decompress(packed, like):
     out = torch.zeros_like(like)
-    bagua_core.minmax_uint8_decompress(tensor_view(packed), tensor_view(out))
+    bagua_core._testing.minmax_uint8_decompress(tensor_view(packed), tensor_view(out))
     return out
 
 

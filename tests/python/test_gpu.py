@@ -30,8 +30,8 @@ def cpu_compress_chunks(x, chunk):
     parts = []
     for begin in range(0, x.numel(), chunk):
         part = x[begin:begin + chunk].contiguous()
-        out = torch.zeros(bagua_core.minmax_uint8_compressed_bytes(part.numel()), dtype=torch.uint8)
-        bagua_core.minmax_uint8_compress(view(part), view(out))
+        out = torch.zeros(bagua_core._testing.minmax_uint8_compressed_bytes(part.numel()), dtype=torch.uint8)
+        bagua_core._testing.minmax_uint8_compress(view(part), view(out))
         parts.append(out)
     return torch.cat(parts)
 
@@ -44,11 +44,11 @@ def test_compression_codes_equal_the_cpu_bit_for_bit(dtype, n, chunk):
     expected = cpu_compress_chunks(x, chunk)
     gpu_x = x.cuda()
     out = torch.zeros(expected.numel(), dtype=torch.uint8, device="cuda")
-    bagua_core.cuda_minmax_uint8_compress(view(gpu_x), chunk, out.data_ptr(), stream())
+    bagua_core._testing.cuda_minmax_uint8_compress(view(gpu_x), chunk, out.data_ptr(), stream())
     torch.cuda.synchronize()
     assert torch.equal(out.cpu(), expected)
     decoded = torch.zeros_like(gpu_x)
-    bagua_core.cuda_minmax_uint8_decompress(out.data_ptr(), chunk, view(decoded), False, stream())
+    bagua_core._testing.cuda_minmax_uint8_decompress(out.data_ptr(), chunk, view(decoded), False, stream())
     cpu_decoded = torch.cat([_cpu_decompress(p, x[b:b + chunk]) for b, p in _chunks(expected, x, chunk)])
     torch.cuda.synchronize()
     assert torch.equal(decoded.cpu(), cpu_decoded)
@@ -64,7 +64,7 @@ def _chunks(packed, x, chunk):
 
 def _cpu_decompress(packed, like):
     out = torch.zeros_like(like)
-    bagua_core.minmax_uint8_decompress(view(packed), view(out))
+    bagua_core._testing.minmax_uint8_decompress(view(packed), view(out))
     return out
 
 
@@ -75,7 +75,7 @@ def test_chunked_reduce_matches_the_cpu(dtype, mean):
     chunks, n = 5, 100_003
     x = (torch.randn(chunks * n, generator=torch.Generator().manual_seed(1)) * 10).to(dtype)
     out = torch.zeros(n, dtype=dtype, device="cuda")
-    bagua_core.cuda_chunked_reduce(view(x.cuda()), chunks, view(out), mean, stream())
+    bagua_core._testing.cuda_chunked_reduce(view(x.cuda()), chunks, view(out), mean, stream())
     torch.cuda.synchronize()
     reference = x.view(chunks, n).double().sum(0)
     if mean:
@@ -90,10 +90,10 @@ def test_async_update_and_divide_match_the_formula():
     g = torch.Generator().manual_seed(2)
     w, total, snapshot = (torch.randn(n, generator=g) for _ in range(3))
     gw = w.cuda()
-    bagua_core.cuda_async_average_update(view(gw), view(total.cuda()), view(snapshot.cuda()), ranks, stream())
+    bagua_core._testing.cuda_async_average_update(view(gw), view(total.cuda()), view(snapshot.cuda()), ranks, stream())
     torch.cuda.synchronize()
     torch.testing.assert_close(gw.cpu(), w + total / ranks - snapshot, rtol=1e-6, atol=1e-6)
-    bagua_core.cuda_divide_inplace(view(gw), 3, stream())
+    bagua_core._testing.cuda_divide_inplace(view(gw), 3, stream())
     torch.cuda.synchronize()
     torch.testing.assert_close(gw.cpu(), (w + total / ranks - snapshot) / 3, rtol=1e-6, atol=1e-6)
 
@@ -102,17 +102,17 @@ def test_kernel_calls_fail_cleanly_without_a_gpu():
     """Runs everywhere: a host tensor is refused, and without a device a
     kernel call is an exception, never a crash."""
     with pytest.raises(bagua_core.InvalidArgumentError):
-        bagua_core.cuda_divide_inplace(bagua_core.TensorView(0, 4, "float32", "cpu"), 2)
+        bagua_core._testing.cuda_divide_inplace(bagua_core.TensorView(0, 4, "float32", "cpu"), 2)
     if not HAVE_GPU:
         with pytest.raises(bagua_core.BaguaError):
-            bagua_core.cuda_divide_inplace(bagua_core.TensorView(0, 4, "float32", "cuda:0"), 2)
+            bagua_core._testing.cuda_divide_inplace(bagua_core.TensorView(0, 4, "float32", "cuda:0"), 2)
 
 
 def _run_bucket_op(device, data, append_op, steps=3, copies=()):
     """Runs one bucket with one op for `steps` iterations on a world of one
     (Gloo, staged for CUDA), marking the tensor ready on the current stream;
     returns the bucket's data after each step."""
-    comm = bagua_core.gloo_communicator(bagua_core.hash_store(), 0, 1, prefix=f"op-{device}")
+    comm = bagua_core.gloo_communicator(bagua_core._testing.hash_store(), 0, 1, prefix=f"op-{device}")
     bucket_comm = comm.new_bucket_group([0])
     tensor = data.clone().to(device)
     extra = [c.clone().to(device) for c in copies]
@@ -145,13 +145,17 @@ def test_bucket_ops_on_cuda_equal_the_cpu_path(dtype, op):
 
     def append(bucket, comm, extra):
         if op.startswith("c_lp_s"):
-            bucket.append_centralized_low_precision_op(comm, None, False, True, op.endswith("feedback"))
+            bucket.append_centralized_low_precision_op(comm, None, bagua_core.CentralizedLowPrecisionOptions(
+                hierarchical=False, error_feedback=op.endswith("feedback")))
         elif op == "c_fp_s_scattergather":
-            bucket.append_centralized_synchronous_op(comm, None, False, True, True)
+            bucket.append_centralized_synchronous_op(
+                comm, None, bagua_core.CentralizedSynchronousOptions(hierarchical=False, scattergather=True))
         elif op == "d_lp_s":
-            bucket.append_low_precision_decentralized_op(comm, None, *extra, False)
+            bucket.append_low_precision_decentralized_op(
+                comm, None, *extra, bagua_core.LowPrecisionDecentralizedOptions(hierarchical=False))
         else:
-            bucket.append_decentralized_synchronous_op(comm, None, extra[0], False, "ring")
+            bucket.append_decentralized_synchronous_op(comm, None, extra[0], bagua_core.DecentralizedSynchronousOptions(
+                hierarchical=False, peer_selection=bagua_core.PeerSelection.RING))
 
     if op == "d_lp_s":
         copies = (data, data, data)
@@ -169,11 +173,12 @@ def test_bucket_ops_on_cuda_equal_the_cpu_path(dtype, op):
 def test_event_pool_and_scratch_pool_are_reused_across_iterations():
     """After the first iteration no new events are created (the pool
     recycles them)."""
-    comm = bagua_core.gloo_communicator(bagua_core.hash_store(), 0, 1, prefix="pool")
+    comm = bagua_core.gloo_communicator(bagua_core._testing.hash_store(), 0, 1, prefix="pool")
     flat_buffer = torch.randn(4000, device="cuda")
     tensors = [flat_buffer[i * 1000:(i + 1) * 1000] for i in range(4)]  # a flattened bucket
     bucket = bagua_core.Bucket("b", [(f"t{i}", view(t)) for i, t in enumerate(tensors)])
-    bucket.append_centralized_synchronous_op(comm.new_bucket_group([0]), None, False, True, False)
+    bucket.append_centralized_synchronous_op(comm.new_bucket_group([0]), None,
+                                            bagua_core.CentralizedSynchronousOptions(hierarchical=False))
     backend = bagua_core.Backend(0, 30.0)
     backend.register_ordered_buckets([bucket])
     flat = torch.cat(tensors)
@@ -182,22 +187,22 @@ def test_event_pool_and_scratch_pool_are_reused_across_iterations():
         for i in range(4):
             backend.mark_communication_ready(f"t{i}", cuda_stream=stream())
         backend.wait_pending_comm_ops()
-        created.append(bagua_core.cuda_event_pool_created(0))
+        created.append(bagua_core._testing.cuda_event_pool_created(0))
     assert created[-1] == created[0]
     assert torch.equal(torch.cat(tensors).cpu(), flat.cpu())
-    stats = bagua_core.scratch_pool_stats(0)
+    stats = bagua_core._testing.scratch_pool_stats(0)
     assert stats["blocks_in_use"] == 0
 
 
 def test_pool_statistics_are_reachable_without_a_gpu():
     """The pinned staging pool exists on every build (ordinary memory without
     CUDA); the device pools need a device and say so."""
-    stats = bagua_core.scratch_pool_stats(-1)
+    stats = bagua_core._testing.scratch_pool_stats(-1)
     assert set(stats) == {"blocks_in_use", "bytes_in_use", "blocks_cached", "bytes_cached",
                           "system_allocations", "cache_hits"}
     if not HAVE_GPU:
         with pytest.raises(ValueError, match="CUDA device 0"):
-            bagua_core.scratch_pool_stats(0)
+            bagua_core._testing.scratch_pool_stats(0)
 
 
 @pytest.mark.parametrize("op", ["c_lp_s", "c_fp_s_scattergather", "d_fp_s_ring"])
@@ -208,11 +213,14 @@ def test_bucket_op_harness_runs_on_the_cpu(op):
 
     def append(bucket, comm, extra):
         if op == "c_lp_s":
-            bucket.append_centralized_low_precision_op(comm, None, False, True, False)
+            bucket.append_centralized_low_precision_op(
+                comm, None, bagua_core.CentralizedLowPrecisionOptions(hierarchical=False))
         elif op == "c_fp_s_scattergather":
-            bucket.append_centralized_synchronous_op(comm, None, False, True, True)
+            bucket.append_centralized_synchronous_op(
+                comm, None, bagua_core.CentralizedSynchronousOptions(hierarchical=False, scattergather=True))
         else:
-            bucket.append_decentralized_synchronous_op(comm, None, extra[0], False, "ring")
+            bucket.append_decentralized_synchronous_op(comm, None, extra[0], bagua_core.DecentralizedSynchronousOptions(
+                hierarchical=False, peer_selection=bagua_core.PeerSelection.RING))
 
     copies = (torch.zeros_like(data),) if op == "d_fp_s_ring" else ()
     steps, extra = _run_bucket_op("cpu", data, append, copies=copies)
@@ -232,10 +240,11 @@ def _async_world_of_one(device):
     must be exactly what training wrote, with rounds running between the
     (stream-ordered, on CUDA) lock/unlock calls."""
     import time
-    comm = bagua_core.gloo_communicator(bagua_core.hash_store(), 0, 1, prefix=f"async-{device}")
+    comm = bagua_core.gloo_communicator(bagua_core._testing.hash_store(), 0, 1, prefix=f"async-{device}")
     weights = torch.zeros(10000, device=device)
     bucket = bagua_core.Bucket("w", [("w0", view(weights))])
-    op = bucket.append_asynchronous_model_average_op(comm.new_group([0]), "all", 1)
+    op = bucket.append_asynchronous_model_average_op(comm.new_group([0]),
+                                                   bagua_core.AsyncModelAverageOptions(sync_interval_ms=1))
     backend = bagua_core.Backend(0, 30.0)
     backend.register_ordered_buckets([bucket])
     on_stream = {} if device == "cpu" else {"cuda_stream": stream()}
@@ -260,3 +269,28 @@ def test_async_model_average_world_of_one_on_the_cpu():
 @gpu
 def test_async_model_average_on_cuda_weights_keeps_training_progress():
     _async_world_of_one("cuda")
+
+
+@gpu
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_copy_back_peer_weight_is_ordered_on_the_callers_stream(side_stream):
+    """copy_back_peer_weight(bucket, cuda_stream): the copy comes after the
+    kernels already on the caller's stream and before the ones enqueued after
+    it, with no host wait in between."""
+    comm = bagua_core.gloo_communicator(bagua_core._testing.hash_store(), 0, 1, prefix=f"copy-back-{side_stream}")
+    n = 1 << 20
+    weights = torch.zeros(n, device="cuda")
+    peer = torch.arange(n, dtype=torch.float32, device="cuda")
+    bucket = bagua_core.Bucket("w", [("w0", view(weights))])
+    op = bucket.append_decentralized_synchronous_op(
+        comm.new_bucket_group([0]), None, view(peer), bagua_core.DecentralizedSynchronousOptions(hierarchical=False))
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.Stream() if side_stream else torch.cuda.default_stream()):
+        big = torch.randn(2048, 2048, device="cuda")
+        for _ in range(20):
+            big = big @ big / 2048  # keeps the stream busy before the write below
+        weights.fill_(-1.0)
+        op.copy_back_peer_weight(bucket, cuda_stream=stream())
+        doubled = weights * 2
+        result = doubled.cpu()
+    assert torch.equal(result, torch.arange(n, dtype=torch.float32) * 2)

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import bagua_core
 import bagua.torch_api as bagua
 from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
 
@@ -638,6 +639,7 @@ def scenario_backend_choice(out_dir):
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         return
     os.environ["BAGUA_BACKEND"] = "gloo"
+    bagua_core._testing.reload_env()  # the runtime reads BAGUA_* once
     bagua.init_process_group()
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 

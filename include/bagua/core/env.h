@@ -1,56 +1,213 @@
-// Every BAGUA_* environment variable the C++ runtime reads, declared and
-// documented in one place, read once and cached.
+// Every BAGUA_* environment variable, declared and documented in one place,
+// read once (at the first env() call) and cached. The C++ runtime reads its
+// own; the Python package reads the rest through `bagua_core.env()`.
 //
-//   BAGUA_LOG_LEVEL            trace|debug|info|warn|error|off (default: warn)
-//   BAGUA_COMM_TIMEOUT_S       seconds before a communication wait becomes an
-//                              error naming rank, op and bucket (default: 300)
-//   BAGUA_DEFAULT_BUCKET_SIZE  bucket size target in bytes (default: 10 MiB)
+// One rule for all of them: unset or empty means the default; any other
+// value must parse as the variable's type, else env() throws InvalidArgument
+// naming the variable and the value (it is never silently replaced).
 //
-// Python-only variables (launcher, store) are listed in docs/environment.md.
+//   variable                      type          default             field
+//   BAGUA_LOG_LEVEL               level (1)     warn                log_level
+//   BAGUA_COMM_TIMEOUT_S          seconds > 0   300                 comm_timeout
+//   BAGUA_DEFAULT_BUCKET_SIZE     bytes >= 1    10485760 (10 MiB)   default_bucket_bytes
+//   BAGUA_BACKEND                 gloo|nccl     gloo                backend
+//   BAGUA_CHECK_COLLECTIVES       bool (2)      1                   check_collectives
+//   BAGUA_GLOO_HOSTNAME           string        (unset)             gloo_hostname
+//   BAGUA_TIMELINE                directory     (unset: off)        timeline
+//   BAGUA_AUTOTUNE                bool (2)      0                   autotune
+//   BAGUA_AUTOTUNE_PLAN           path          (unset)             autotune_plan
+//   BAGUA_AUTOTUNE_OUTPUT         path          bagua_autotune.json autotune_output
+//   BAGUA_AUTOTUNE_WARMUP_STEPS   integer >= 1  10                  autotune_warmup_steps
+//   BAGUA_AUTOTUNE_WINDOW_STEPS   integer >= 1  10                  autotune_window_steps
+//   BAGUA_AUTOTUNE_MAX_TRIALS     integer >= 1  10                  autotune_max_trials
+//   BAGUA_AUTOTUNE_MAX_SECONDS    integer >= 1  300                 autotune_max_seconds
+//   (1) trace, debug, info, warn (warning), error (err), critical, off
+//   (2) 1, true, yes, on / 0, false, no, off (any case)
+// Their meaning is in docs/environment.md. The launcher's variables (RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
+// GLOO_SOCKET_IFNAME belong to torchrun and are read by the Python package.
+//
+// When the first read happens: creating a communicator or a backend reads
+// the variables (the runtime logs when a communicator is ready), so an
+// invalid value fails there, before any destructor could be the first to log.
 #pragma once
 
+#include <atomic>
+#include <cctype>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
+#include <initializer_list>
+#include <mutex>
 #include <string>
-#include <utility>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "bagua/core/errors.h"
 
 namespace bagua {
 
 struct EnvConfig {
+  // Read by the C++ runtime.
   std::string log_level = "warn";
   std::chrono::milliseconds comm_timeout{300'000};
   std::int64_t default_bucket_bytes = 10LL * 1024 * 1024;
+  // Read by the Python package; an empty string means unset.
+  std::string backend = "gloo";
+  bool check_collectives = true;
+  std::string gloo_hostname;
+  std::string timeline;
+  bool autotune = false;
+  std::string autotune_plan;
+  std::string autotune_output = "bagua_autotune.json";
+  std::int64_t autotune_warmup_steps = 10;
+  std::int64_t autotune_window_steps = 10;
+  std::int64_t autotune_max_trials = 10;
+  std::int64_t autotune_max_seconds = 300;
 };
 
 namespace detail {
 
-inline std::string env_string(const char* name, std::string fallback) {
+// The value of `name`, or null when it is unset or empty.
+inline const char* env_value(const char* name) {
   const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::string(value) : std::move(fallback);
+  return value != nullptr && *value != '\0' ? value : nullptr;
 }
 
-inline double env_double(const char* name, double fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
+[[noreturn]] inline void env_invalid(const char* name, std::string_view value,
+                                     std::string_view expected) {
+  throw InvalidArgument(
+      fmt::format("environment variable {}='{}' is invalid: expected {}", name, value, expected));
+}
+
+inline std::string env_lower(std::string_view text) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower;
+}
+
+inline std::string env_string(const char* name, std::string fallback) {
+  const char* value = env_value(name);
+  return value != nullptr ? std::string(value) : std::move(fallback);
+}
+
+// One of `choices` (compared in lower case; the lower-case form is returned).
+inline std::string env_choice(const char* name, std::string fallback,
+                              std::initializer_list<std::string_view> choices) {
+  const char* value = env_value(name);
+  if (value == nullptr) return fallback;
+  const std::string lower = env_lower(value);
+  for (const auto choice : choices) {
+    if (lower == choice) return lower;
+  }
+  std::string expected = "one of";
+  for (const auto choice : choices) expected += fmt::format(" '{}'", choice);
+  env_invalid(name, value, expected);
+}
+
+inline bool env_bool(const char* name, bool fallback) {
+  const char* value = env_value(name);
+  if (value == nullptr) return fallback;
+  const std::string lower = env_lower(value);
+  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return true;
+  if (lower == "0" || lower == "false" || lower == "no" || lower == "off") return false;
+  env_invalid(name, value, "a boolean (1, true, yes, on / 0, false, no, off)");
+}
+
+inline std::int64_t env_positive_int(const char* name, std::int64_t fallback) {
+  const char* value = env_value(name);
+  if (value == nullptr) return fallback;
+  const std::string_view text(value);
+  std::int64_t parsed = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+  if (error != std::errc() || end != text.data() + text.size() || parsed < 1) {
+    env_invalid(name, value, "an integer >= 1");
+  }
+  return parsed;
+}
+
+inline double env_positive_seconds(const char* name, double fallback) {
+  const char* value = env_value(name);
+  if (value == nullptr) return fallback;
   char* end = nullptr;
-  double parsed = std::strtod(value, &end);
-  return (end != value && parsed > 0) ? parsed : fallback;
+  const double parsed = std::strtod(value, &end);
+  if (end == value || *end != '\0' || !std::isfinite(parsed) || parsed <= 0) {
+    env_invalid(name, value, "a number of seconds > 0");
+  }
+  return parsed;
+}
+
+inline EnvConfig read_env() {
+  EnvConfig c;
+  c.log_level =
+      env_choice("BAGUA_LOG_LEVEL", c.log_level,
+                 {"trace", "debug", "info", "warn", "warning", "error", "err", "critical", "off"});
+  c.comm_timeout = std::chrono::milliseconds(
+      std::llround(env_positive_seconds("BAGUA_COMM_TIMEOUT_S", 300.0) * 1000.0));
+  c.default_bucket_bytes = env_positive_int("BAGUA_DEFAULT_BUCKET_SIZE", c.default_bucket_bytes);
+  c.backend = env_choice("BAGUA_BACKEND", c.backend, {"gloo", "nccl"});
+  c.check_collectives = env_bool("BAGUA_CHECK_COLLECTIVES", c.check_collectives);
+  c.gloo_hostname = env_string("BAGUA_GLOO_HOSTNAME", c.gloo_hostname);
+  c.timeline = env_string("BAGUA_TIMELINE", c.timeline);
+  c.autotune = env_bool("BAGUA_AUTOTUNE", c.autotune);
+  c.autotune_plan = env_string("BAGUA_AUTOTUNE_PLAN", c.autotune_plan);
+  c.autotune_output = env_string("BAGUA_AUTOTUNE_OUTPUT", c.autotune_output);
+  c.autotune_warmup_steps =
+      env_positive_int("BAGUA_AUTOTUNE_WARMUP_STEPS", c.autotune_warmup_steps);
+  c.autotune_window_steps =
+      env_positive_int("BAGUA_AUTOTUNE_WINDOW_STEPS", c.autotune_window_steps);
+  c.autotune_max_trials = env_positive_int("BAGUA_AUTOTUNE_MAX_TRIALS", c.autotune_max_trials);
+  c.autotune_max_seconds = env_positive_int("BAGUA_AUTOTUNE_MAX_SECONDS", c.autotune_max_seconds);
+  return c;
+}
+
+// The cached configuration. Every version ever read is kept, so a reference
+// returned by env() stays valid after a reload.
+class EnvCache {
+ public:
+  const EnvConfig& get() {
+    if (const EnvConfig* current = current_.load(std::memory_order_acquire)) return *current;
+    std::lock_guard lock(mutex_);
+    if (const EnvConfig* current = current_.load(std::memory_order_relaxed)) return *current;
+    return store_locked(read_env());
+  }
+
+  const EnvConfig& reload() {
+    EnvConfig fresh = read_env();  // throws before anything changes
+    std::lock_guard lock(mutex_);
+    return store_locked(std::move(fresh));
+  }
+
+ private:
+  const EnvConfig& store_locked(EnvConfig config) {
+    versions_.push_back(std::move(config));
+    current_.store(&versions_.back(), std::memory_order_release);
+    return versions_.back();
+  }
+
+  std::mutex mutex_;
+  std::deque<EnvConfig> versions_;
+  std::atomic<const EnvConfig*> current_{nullptr};
+};
+
+inline EnvCache& env_cache() {
+  static auto* cache = new EnvCache();  // never destroyed: readable during exit
+  return *cache;
 }
 
 }  // namespace detail
 
-inline const EnvConfig& env() {
-  static const EnvConfig config = [] {
-    EnvConfig c;
-    c.log_level = detail::env_string("BAGUA_LOG_LEVEL", c.log_level);
-    c.comm_timeout = std::chrono::milliseconds(
-        static_cast<std::int64_t>(detail::env_double("BAGUA_COMM_TIMEOUT_S", 300.0) * 1000.0));
-    c.default_bucket_bytes = static_cast<std::int64_t>(detail::env_double(
-        "BAGUA_DEFAULT_BUCKET_SIZE", static_cast<double>(c.default_bucket_bytes)));
-    return c;
-  }();
-  return config;
-}
+// The configuration, read at the first call (InvalidArgument if a variable
+// is invalid; the next call reads again).
+inline const EnvConfig& env() { return detail::env_cache().get(); }
+
+// Tests only: reads the variables again, for a test that changed one in its
+// own process. Values already copied out (a communicator's timeout, the
+// logger's level) keep the old reading.
+inline const EnvConfig& reload_env() { return detail::env_cache().reload(); }
 
 }  // namespace bagua

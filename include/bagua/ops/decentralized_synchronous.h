@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "bagua/comm/communicator.h"
+#include "bagua/core/cuda.h"
 #include "bagua/ops/hierarchical_op.h"
 #include "bagua/ops/peer_selection.h"
 #include "bagua/runtime/bucket.h"
@@ -69,6 +70,26 @@ class DecentralizedSynchronousOp final : public HierarchicalOp {
       // Called from the training thread: the copy is done when this returns.
       c.finish("copy_back_peer_weight", global().timeout());
     });
+  }
+
+  // As copy_back_peer_weight, for a CUDA bucket without a host wait: the copy
+  // runs on the communication stream after the work already on `cuda_stream`
+  // (the caller's stream, a cudaStream_t; nullptr is the legacy default
+  // stream), and `cuda_stream` waits for the copy. The average must be
+  // complete (wait_pending_comm_ops returned). A CPU bucket copies on the host.
+  void copy_back_peer_weight_on_stream(Bucket& bucket, void* cuda_stream) {
+    const Device device = bucket.device();
+    if (device.type != DeviceType::kCUDA) return copy_back_peer_weight(bucket);
+    Compute& c = compute_on(device);
+    void* communication = cuda_communication_stream(device.index);
+    const auto before = cuda_event_pool(device.index).acquire();
+    cuda_event_record(before.get(), cuda_stream);
+    cuda_stream_wait_event(communication, before.get());
+    bucket.with_flat_view(
+        [&](const TensorView& x) { c.copy(x.data, peer_weight_.data, x.nbytes()); });
+    const auto after = cuda_event_pool(device.index).acquire();
+    cuda_event_record(after.get(), communication);
+    cuda_stream_wait_event(cuda_stream, after.get());
   }
 
   std::int64_t communication_step() const { return step_; }

@@ -81,6 +81,8 @@ class Backend {
   // seconds spent, as a JSON object (since the last registration).
   std::string stats_json() const;
   const std::vector<std::shared_ptr<Bucket>>& buckets() const { return buckets_; }
+  // Names of the tensors not yet marked ready this iteration, in bucket order.
+  std::vector<std::string> unready_tensor_names() const;
 
  private:
   struct OpStats {

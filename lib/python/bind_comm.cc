@@ -1,0 +1,206 @@
+// Communication: stores (with the bridge to PyTorch's c10d store),
+// communicators and their collectives, the hierarchical pair, and the Gloo
+// and NCCL factories.
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/comm/gloo_communicator.h"
+#include "bagua/comm/host_staging.h"
+#include "bagua/comm/nccl_communicator.h"
+#include "bagua/core/reduce_op.h"
+#include "bagua/comm/store.h"
+#include "bagua/core/cuda.h"
+#include "bindings.h"
+
+namespace bagua::python {
+namespace {
+
+using CommPtr = std::shared_ptr<Communicator>;
+
+// PyTorch's c10d store (or any object with set/get/wait) as a bagua::Store.
+class PythonStore final : public Store {
+ public:
+  explicit PythonStore(py::object store) : store_(gil_safe(std::move(store))) {}
+
+  void set(const std::string& key, const std::vector<char>& value) override {
+    call("set", key, [&] { store_->attr("set")(key, py::bytes(value.data(), value.size())); });
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    std::vector<char> result;
+    call("get", key, [&] {
+      std::string bytes = py::bytes(store_->attr("get")(key));
+      result.assign(bytes.begin(), bytes.end());
+    });
+    return result;
+  }
+
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    call("wait", keys.empty() ? std::string() : keys.front(), [&] {
+      py::object timedelta = py::module_::import("datetime").attr("timedelta");
+      store_->attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
+    });
+  }
+
+ private:
+  template <typename Fn>
+  void call(const char* what, const std::string& key, Fn&& fn) {
+    py::gil_scoped_acquire gil;
+    try {
+      fn();
+    } catch (py::error_already_set& e) {
+      throw StoreError(fmt::format("store {} '{}' failed: {}", what, key, e.what()));
+    }
+  }
+
+  std::shared_ptr<py::object> store_;
+};
+
+ReduceOp parse_reduce_op(const std::string& name) {
+  for (auto op :
+       {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    if (to_string(op) == name) return op;
+  }
+  throw InvalidArgument("unsupported reduce op '" + name +
+                        "' (supported: sum, avg, min, max, product)");
+}
+
+void bind_store(py::module_& m) {
+  py::class_<Store, std::shared_ptr<Store>>(m, "Store")
+      .def("set",
+           [](Store& s, const std::string& key, const py::bytes& value) {
+             std::string bytes = value;
+             s.set(key, std::vector<char>(bytes.begin(), bytes.end()));
+           })
+      .def("get", [](Store& s, const std::string& key) {
+        auto value = s.get(key);
+        return py::bytes(value.data(), value.size());
+      });
+  m.def("python_store", [](py::object store) -> std::shared_ptr<Store> {
+    return std::make_shared<PythonStore>(std::move(store));
+  });
+  m.def("file_store", &make_file_store);
+}
+
+// The collectives; the reduce op by name ("sum", "avg", "min", "max", "product").
+void bind_collectives(py::class_<Communicator, CommPtr>& c) {
+  c.def(
+       "allreduce",
+       [](Communicator& comm, const TensorView& s, const TensorView& r, const std::string& op) {
+         comm.allreduce(s, r, parse_reduce_op(op));
+       },
+       ReleaseGil())
+      .def(
+          "reduce",
+          [](Communicator& comm, const TensorView& s, const TensorView& r, int root,
+             const std::string& op) { comm.reduce(s, r, root, parse_reduce_op(op)); },
+          ReleaseGil())
+      .def("broadcast", &Communicator::broadcast, ReleaseGil())
+      .def("allgather", &Communicator::allgather, ReleaseGil())
+      .def("gather", &Communicator::gather, ReleaseGil())
+      .def("scatter", &Communicator::scatter, ReleaseGil())
+      .def(
+          "reduce_scatter",
+          [](Communicator& comm, const TensorView& s, const TensorView& r, const std::string& op) {
+            comm.reduce_scatter(s, r, parse_reduce_op(op));
+          },
+          ReleaseGil())
+      .def("alltoall", &Communicator::alltoall, ReleaseGil())
+      .def("send", &Communicator::send, ReleaseGil())
+      .def("recv", &Communicator::recv, ReleaseGil())
+      .def("barrier", &Communicator::barrier, ReleaseGil());
+}
+
+void bind_communicator(py::module_& m) {
+  py::class_<Communicator, CommPtr> c(m, "Communicator");
+  c.def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("backend_name", &Communicator::backend_name)
+      // Whether tensors on this device ("cpu", "cuda", "cuda:1") can be passed
+      // as they are: NCCL, and Gloo in a CUDA build (staged through pinned
+      // host memory), take CUDA tensors.
+      .def(
+          "supports",
+          [](const Communicator& comm, const std::string& device) {
+            return comm.supports(parse_device(device).type);
+          },
+          py::arg("device"))
+      .def("abort", &Communicator::abort)
+      .def("verify_same_call", &Communicator::verify_same_call, py::arg("op"), py::arg("tensor"),
+           py::arg("root") = -1, ReleaseGil())
+      .def(
+          "new_group",
+          [](Communicator& comm, std::vector<int> ranks) -> CommPtr {
+            return comm.new_group(ranks);
+          },
+          ReleaseGil())
+      .def(
+          "new_bucket_group",
+          [](Communicator& comm, std::vector<int> ranks) -> CommPtr {
+            return comm.new_bucket_group(ranks);
+          },
+          ReleaseGil())
+      .def_property_readonly(
+          "bytes_sent", [](const Communicator& comm) { return comm.counters().bytes_sent.load(); })
+      .def_property_readonly("calls",
+                             [](const Communicator& comm) { return comm.counters().calls.load(); });
+  bind_collectives(c);
+}
+
+CommPtr gloo_communicator(std::shared_ptr<Store> store, int rank, int size,
+                          const std::string& prefix, const std::string& interface_name,
+                          const std::string& hostname, double timeout_s) {
+  GlooOptions options{.prefix = prefix,
+                      .interface_name = interface_name,
+                      .hostname = hostname,
+                      .timeout = from_seconds(timeout_s)};
+  auto comm = make_gloo_communicator(std::move(store), rank, size, std::move(options));
+  // With CUDA built in, CUDA buffers reach Gloo through pinned host memory.
+  return cuda_compiled() ? CommPtr(with_host_staging(std::move(comm))) : CommPtr(std::move(comm));
+}
+
+CommPtr nccl_communicator(std::shared_ptr<Store> store, int rank, int size,
+                          const std::string& prefix, int device, double timeout_s) {
+  NcclOptions options{.prefix = prefix, .device = device, .timeout = from_seconds(timeout_s)};
+  return make_nccl_communicator(std::move(store), rank, size, std::move(options));
+}
+
+void bind_factories(py::module_& m) {
+  m.def("gloo_communicator", &gloo_communicator, py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("prefix") = "bagua", py::arg("interface_name") = "", py::arg("hostname") = "",
+        py::arg("timeout_s") = 0.0, ReleaseGil());
+  m.def("nccl_unavailable_reason", &nccl_unavailable_reason);
+  m.def("nccl_communicator", &nccl_communicator, py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("prefix") = "bagua", py::arg("device") = 0, py::arg("timeout_s") = 0.0,
+        ReleaseGil());
+}
+
+void bind_hierarchy(py::module_& m) {
+  py::class_<HierarchicalComms, std::shared_ptr<HierarchicalComms>>(m, "HierarchicalComms")
+      .def_readonly("intra", &HierarchicalComms::intra)
+      .def_readonly("inter", &HierarchicalComms::inter)
+      .def_readonly("local_size", &HierarchicalComms::local_size)
+      .def_property_readonly("is_leader", &HierarchicalComms::is_leader);
+  m.def(
+      "hierarchical_comms",
+      [](Communicator& global, const std::vector<int>& node_of_rank) {
+        return std::make_shared<HierarchicalComms>(make_hierarchical_comms(global, node_of_rank));
+      },
+      ReleaseGil());
+}
+
+}  // namespace
+
+void bind_comm(py::module_& m) {
+  bind_store(m);
+  bind_communicator(m);
+  bind_factories(m);
+  bind_hierarchy(m);
+}
+
+}  // namespace bagua::python
