@@ -169,6 +169,7 @@ class _Call:
         and ``args``; first, unless ``verify`` is None, every rank checks that
         all passed a tensor of ``verify``'s size and dtype (and ``root``)."""
         if verify is not None and env.check_collectives() and self.size > 1:
+            # A view of no memory: only its size and dtype are compared.
             shape = core.TensorView(0, verify.numel(), dtype_name(verify.dtype), "cpu")
             self.comm.verify_same_call(self.op, shape, root)
         with _HostStaged(inputs, outputs, self.comm) as view:
