@@ -13,9 +13,14 @@ from typing import List
 
 import torch
 
-from bagua.torch_api._core import InvalidArgumentError
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
-from bagua.torch_api.algorithms.decentralized import weight_tensors
+from bagua.torch_api.algorithms.base import (
+    Algorithm,
+    AlgorithmImpl,
+    check_choice,
+    check_integer,
+    do_nothing,
+    weight_tensors,
+)
 
 __all__ = ["AsyncModelAverageAlgorithm", "AsyncModelAverageAlgorithmImpl"]
 
@@ -43,9 +48,7 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
     def init_tensors(self, bagua_ddp) -> List:
         # Re-bucketing: the running ops stop on every rank (all ranks re-bucket
         # at the same step, and abort agrees at the next round); new ones start.
-        self.unlock(bagua_ddp)
-        for op in self.ops:
-            op.abort()
+        self.abort(bagua_ddp)
         self.ops = []
         self._started = False
         if self.asynchronous:
@@ -77,21 +80,13 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
 
         return hook
 
+    # Asynchronous: the background thread averages the weights, nothing is
+    # communicated during backward. Warmup: GradientAllReduce's hooks.
     def init_backward_hook(self, bagua_ddp):
-        if self.asynchronous:
-            def hook(parameter_name, parameter):
-                pass
-
-            return hook
-        return super().init_backward_hook(bagua_ddp)
+        return do_nothing if self.asynchronous else super().init_backward_hook(bagua_ddp)
 
     def init_post_backward_hook(self, bagua_ddp):
-        if self.asynchronous:
-            def hook():
-                pass
-
-            return hook
-        return super().init_post_backward_hook(bagua_ddp)
+        return do_nothing if self.asynchronous else super().init_post_backward_hook(bagua_ddp)
 
     def init_post_optimizer_step_hook(self, bagua_ddp):
         def hook(optimizer):
@@ -146,17 +141,12 @@ class AsyncModelAverageAlgorithm(Algorithm):
             sync_interval_ms: milliseconds between two background averaging rounds.
             warmup_steps: synchronous GradientAllReduce steps before going asynchronous.
         """
-        if peer_selection_mode != "all":
-            raise InvalidArgumentError(
-                f"AsyncModelAverageAlgorithm: peer_selection_mode must be 'all', got {peer_selection_mode!r}")
-        for name, value in (("sync_interval_ms", sync_interval_ms), ("warmup_steps", warmup_steps)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidArgumentError(
-                    f"AsyncModelAverageAlgorithm: {name} must be an integer >= 0, got {value!r}")
+        check_choice(type(self).__name__, "peer_selection_mode", peer_selection_mode, ("all",))
+        check_integer(type(self).__name__, "sync_interval_ms", sync_interval_ms, 0)
+        check_integer(type(self).__name__, "warmup_steps", warmup_steps, 0)
         self.peer_selection_mode = peer_selection_mode
         self.sync_interval_ms = sync_interval_ms
         self.warmup_steps = warmup_steps
-        self._impls = {}
 
     def reify(self, process_group) -> AsyncModelAverageAlgorithmImpl:
         return AsyncModelAverageAlgorithmImpl(process_group, self.peer_selection_mode,

@@ -5,20 +5,25 @@ An :class:`Algorithm` holds the user's arguments (validated when constructed);
 ``reify(process_group)`` makes the :class:`AlgorithmImpl` that the runtime
 calls. Each hook has a default that suits gradient-based algorithms, so an
 algorithm overrides only what differs. See docs/writing_an_algorithm.md.
+
+The helpers below are what several built-in algorithms share: argument
+checks with one wording, the communication interval, the tensors of a
+weight-based algorithm, and a hook that does nothing. They use only bagua's
+public API, as every algorithm here does.
 """
 
-from typing import Callable, List
+from typing import Callable, List, Sequence
 
 import torch
 
-from bagua.torch_api._core import InvalidArgumentError
-
+from bagua.torch_api import InvalidArgumentError
 from bagua.torch_api.bucket import BaguaBucket
 from bagua.torch_api.tensor import BaguaTensor
 
 __all__ = ["Algorithm", "AlgorithmImpl"]
 
 
+# -- argument checks (in Algorithm constructors, before training starts) ---
 def check_flags(algorithm: str, **flags) -> None:
     """Raises InvalidArgumentError unless every flag is True or False."""
     for name, value in flags.items():
@@ -26,6 +31,47 @@ def check_flags(algorithm: str, **flags) -> None:
             raise InvalidArgumentError(f"{algorithm}: {name} must be True or False, got {value!r}")
 
 
+def check_integer(algorithm: str, name: str, value, minimum: int, why: str = "") -> None:
+    """Raises InvalidArgumentError unless ``value`` is an int >= ``minimum``
+    (bools are not integers here); ``why`` is appended to the message."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidArgumentError(
+            f"{algorithm}: {name} must be an integer >= {minimum}, got {value!r}{why}")
+
+
+def check_choice(algorithm: str, name: str, value, choices: Sequence[str]) -> None:
+    """Raises InvalidArgumentError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise InvalidArgumentError(
+            f"{algorithm}: {name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+
+
+# -- shared pieces of the implementations -----------------------------------
+def is_communication_step(bagua_ddp, communication_interval: int) -> bool:
+    """Whether this step communicates, with ``communication_interval`` k:
+    steps 1, 1 + k, 1 + 2k, ... (steps counted from 1 by the runtime)."""
+    return (bagua_ddp.step_counter - 1) % communication_interval == 0
+
+
+def parameter_tensors(bagua_ddp, getter_closure: Callable, setter_closure: Callable) -> List[BaguaTensor]:
+    """A BaguaTensor per trainable parameter, in reverse parameter order (the
+    order gradients usually become ready), reaching what the closures say."""
+    return [param.ensure_bagua_tensor(name, bagua_ddp.bagua_module_name, getter_closure=getter_closure,
+                                      setter_closure=setter_closure)
+            for name, param in reversed(bagua_ddp.bagua_build_params())]
+
+
+def weight_tensors(bagua_ddp) -> List[BaguaTensor]:
+    """Each trainable parameter's weights (``param.data``) as a BaguaTensor."""
+    return parameter_tensors(bagua_ddp, lambda p: p.data, lambda p, t: setattr(p, "data", t))
+
+
+def do_nothing(*args) -> None:
+    """A hook for the runtime that does nothing (e.g. the backward hook of an
+    algorithm that communicates weights, not gradients)."""
+
+
+# -- the interface ------------------------------------------------------------
 class Algorithm:
     """User-facing algorithm: arguments only. Subclasses implement ``reify``."""
 
@@ -52,14 +98,9 @@ class AlgorithmImpl:
     def init_tensors(self, bagua_ddp) -> List[BaguaTensor]:
         """The tensors to communicate, in the order gradients usually become
         ready (reverse parameter order). Default: every parameter's gradient."""
-        tensors = []
-        for name, param in reversed(bagua_ddp.bagua_build_params()):
+        for _, param in bagua_ddp.bagua_build_params():
             param.bagua_ensure_grad()
-            tensors.append(param.ensure_bagua_tensor(
-                name, bagua_ddp.bagua_module_name,
-                getter_closure=lambda p: p.grad,
-                setter_closure=lambda p, t: setattr(p, "grad", t)))
-        return tensors
+        return parameter_tensors(bagua_ddp, lambda p: p.grad, lambda p, t: setattr(p, "grad", t))
 
     def tensors_to_buckets(self, tensors: List[List[BaguaTensor]], do_flatten: bool) -> List[BaguaBucket]:
         """Turns the planner's grouping into buckets."""
@@ -71,17 +112,15 @@ class AlgorithmImpl:
         bucket.clear_ops()
 
     def init_forward_pre_hook(self, bagua_ddp) -> Callable:
-        def hook(inputs):
-            pass
-
-        return hook
+        """Called before each training forward with the forward's inputs."""
+        return do_nothing
 
     def init_backward_hook(self, bagua_ddp) -> Callable:
         """Called as each parameter's gradient is accumulated. Default: mark the
         gradient ready, which lets its bucket communicate during backward."""
 
         def hook(parameter_name: str, parameter: torch.nn.Parameter):
-            tensor = bagua_ddp._tensors_by_name.get(parameter_name)
+            tensor = bagua_ddp.bagua_tensor_by_name(parameter_name)
             if tensor is not None:
                 tensor.bagua_mark_communication_ready()
 
@@ -98,7 +137,5 @@ class AlgorithmImpl:
         return hook
 
     def init_post_optimizer_step_hook(self, bagua_ddp) -> Callable:
-        def hook(optimizer: torch.optim.Optimizer):
-            pass
-
-        return hook
+        """Called after each ``optimizer.step()`` with the optimizer."""
+        return do_nothing

@@ -15,29 +15,26 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from bagua.torch_api._core import InvalidArgumentError
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
+from bagua.torch_api.algorithms.base import (
+    Algorithm,
+    AlgorithmImpl,
+    check_choice,
+    check_flags,
+    check_integer,
+    do_nothing,
+    is_communication_step,
+    weight_tensors,
+)
 
 __all__ = ["DecentralizedAlgorithm", "DecentralizedAlgorithmImpl", "LowPrecisionDecentralizedAlgorithm",
            "LowPrecisionDecentralizedAlgorithmImpl"]
 
-
-def _check_interval(name: str, communication_interval) -> None:
-    if not isinstance(communication_interval, int) or isinstance(communication_interval, bool) \
-            or communication_interval < 1:
-        raise InvalidArgumentError(
-            f"{name}: communication_interval must be an integer >= 1, got {communication_interval!r}")
+PEER_SELECTION_MODES = ("all", "shift_one", "ring")
 
 
-def weight_tensors(bagua_ddp) -> List:
-    """Each trainable parameter's weights (``param.data``) as a BaguaTensor."""
-    tensors = []
-    for name, param in reversed(bagua_ddp.bagua_build_params()):
-        tensors.append(param.ensure_bagua_tensor(
-            name, bagua_ddp.bagua_module_name,
-            getter_closure=lambda p: p.data,
-            setter_closure=lambda p, t: setattr(p, "data", t)))
-    return tensors
+def _flat_weights(bucket) -> torch.Tensor:
+    """A flat copy of the bucket's weights, the starting value of an op's copies."""
+    return torch.cat([t.bagua_registered_tensor().detach().reshape(-1) for t in bucket.tensors])
 
 
 class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
@@ -47,6 +44,8 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
         self.communication_interval = communication_interval
         # bucket name -> (weight, left peer weight, right peer weight)
         self.peer_weights: Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # tensor name -> its slices of the copies, kept across re-bucketing
+        self._saved_copies: Dict[str, Tuple[torch.Tensor, ...]] = {}
 
     def init_tensors(self, bagua_ddp) -> List:
         # Re-bucketing (autotune, profiling): keep each tensor's copies of its
@@ -66,35 +65,26 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
 
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
-        saved = getattr(self, "_saved_copies", {})
+        saved = self._saved_copies
         if all(t.name in saved for t in bucket.tensors):
             weight, left, right = (torch.cat([saved[t.name][i] for t in bucket.tensors]) for i in range(3))
         else:
-            flat = torch.cat([t.bagua_registered_tensor().detach().reshape(-1) for t in bucket.tensors])
+            flat = _flat_weights(bucket)
             weight, left, right = flat.clone(), flat.clone(), flat.clone()
         self.peer_weights[bucket.name] = (weight, left, right)
         bucket.append_low_precision_decentralized_synchronous_op(
             weight, left, right, hierarchical=self.hierarchical, compression="MinMaxUInt8",
             group=self.process_group)
 
-    def _should_communicate(self, bagua_ddp) -> bool:
-        return (bagua_ddp.step_counter - 1) % self.communication_interval == 0
-
     def init_backward_hook(self, bagua_ddp):
-        def hook(parameter_name, parameter):
-            pass  # weights, not gradients, are communicated
-
-        return hook
+        return do_nothing  # weights, not gradients, are communicated
 
     def init_post_backward_hook(self, bagua_ddp):
-        def hook():
-            pass
-
-        return hook
+        return do_nothing
 
     def init_post_optimizer_step_hook(self, bagua_ddp):
         def hook(optimizer):
-            if self._should_communicate(bagua_ddp):
+            if is_communication_step(bagua_ddp, self.communication_interval):
                 bagua_ddp.mark_unready_tensors()
                 bagua_ddp.wait_pending_comm_ops()
 
@@ -110,10 +100,8 @@ class LowPrecisionDecentralizedAlgorithm(Algorithm):
             communication_interval: communicate every this many steps (on steps
                 1, 1 + k, 1 + 2k, ...).
         """
-        if not isinstance(hierarchical, bool):
-            raise InvalidArgumentError(
-                f"LowPrecisionDecentralizedAlgorithm: hierarchical must be True or False, got {hierarchical!r}")
-        _check_interval("LowPrecisionDecentralizedAlgorithm", communication_interval)
+        check_flags(type(self).__name__, hierarchical=hierarchical)
+        check_integer(type(self).__name__, "communication_interval", communication_interval, 1)
         self.hierarchical = hierarchical
         self.communication_interval = communication_interval
 
@@ -129,46 +117,35 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
         self.hierarchical = hierarchical
         self.peer_selection_mode = peer_selection_mode
         self.communication_interval = communication_interval
-        self.ops = {}  # bucket name -> DecentralizedSynchronousOp
-        self.peer_weights = {}  # bucket name -> flat tensor the op averages into
-        self.communicated_steps = []  # steps on which weights were exchanged
+        self.ops = {}  # bucket name -> DecentralizedSynchronousOp (which holds its peer weight)
 
     def init_tensors(self, bagua_ddp) -> List:
         return weight_tensors(bagua_ddp)
 
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
-        flat = torch.cat([t.bagua_registered_tensor().detach().reshape(-1) for t in bucket.tensors])
-        self.peer_weights[bucket.name] = flat.clone()
         self.ops[bucket.name] = bucket.append_decentralized_synchronous_op(
-            self.peer_weights[bucket.name], hierarchical=self.hierarchical,
+            _flat_weights(bucket), hierarchical=self.hierarchical,
             peer_selection_mode=self.peer_selection_mode, group=self.process_group)
-
-    def _should_communicate(self, bagua_ddp) -> bool:
-        return (bagua_ddp.step_counter - 1) % self.communication_interval == 0
 
     def init_forward_pre_hook(self, bagua_ddp):
         def hook(inputs):
             # Start the exchange now: it overlaps with forward and backward,
             # which only read the weights.
-            if self._should_communicate(bagua_ddp):
+            if is_communication_step(bagua_ddp, self.communication_interval):
                 bagua_ddp.mark_unready_tensors()
 
         return hook
 
     def init_backward_hook(self, bagua_ddp):
-        def hook(parameter_name, parameter):
-            pass
-
-        return hook
+        return do_nothing
 
     def init_post_backward_hook(self, bagua_ddp):
         def hook():
-            if self._should_communicate(bagua_ddp):
+            if is_communication_step(bagua_ddp, self.communication_interval):
                 bagua_ddp.wait_pending_comm_ops()
                 for bucket in bagua_ddp.bagua_buckets:
                     self.ops[bucket.name].copy_back_peer_weight(bucket)
-                self.communicated_steps.append(bagua_ddp.step_counter)
 
         return hook
 
@@ -187,14 +164,9 @@ class DecentralizedAlgorithm(Algorithm):
             communication_interval: exchange every this many steps (on steps
                 1, 1 + k, 1 + 2k, ...).
         """
-        if not isinstance(hierarchical, bool):
-            raise InvalidArgumentError(
-                f"DecentralizedAlgorithm: hierarchical must be True or False, got {hierarchical!r}")
-        if peer_selection_mode not in ("all", "shift_one", "ring"):
-            raise InvalidArgumentError(
-                "DecentralizedAlgorithm: peer_selection_mode must be 'all', 'shift_one' or 'ring', "
-                f"got {peer_selection_mode!r}")
-        _check_interval("DecentralizedAlgorithm", communication_interval)
+        check_flags(type(self).__name__, hierarchical=hierarchical)
+        check_choice(type(self).__name__, "peer_selection_mode", peer_selection_mode, PEER_SELECTION_MODES)
+        check_integer(type(self).__name__, "communication_interval", communication_interval, 1)
         self.hierarchical = hierarchical
         self.peer_selection_mode = peer_selection_mode
         self.communication_interval = communication_interval
@@ -202,3 +174,4 @@ class DecentralizedAlgorithm(Algorithm):
     def reify(self, process_group) -> DecentralizedAlgorithmImpl:
         return DecentralizedAlgorithmImpl(process_group, self.hierarchical, self.peer_selection_mode,
                                           self.communication_interval)
+

@@ -12,8 +12,8 @@ from typing import List, Tuple
 
 import torch
 
-from bagua.torch_api._core import InvalidArgumentError
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
+from bagua.torch_api import InvalidArgumentError
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags, check_integer
 
 __all__ = ["QAdamOptimizer", "QAdamAlgorithm", "QAdamAlgorithmImpl"]
 
@@ -22,10 +22,8 @@ class QAdamOptimizer(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, warmup_steps: int = 100,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
-        if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps <= 0:
-            raise InvalidArgumentError(
-                f"QAdamOptimizer: warmup_steps must be a positive integer, got {warmup_steps!r} "
-                "(the second moment needs full-precision steps before it is frozen)")
+        check_integer("QAdamOptimizer", "warmup_steps", warmup_steps, 1,
+                      " (the second moment needs full-precision steps before it is frozen)")
         if not lr > 0.0:
             raise InvalidArgumentError(f"QAdamOptimizer: lr must be positive, got {lr!r}")
         if not (len(betas) == 2 and 0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -92,9 +90,6 @@ class QAdamAlgorithmImpl(AlgorithmImpl):
             return True
         return False
 
-    def _momentum_of(self, param) -> torch.Tensor:
-        return self.optimizer.state[param]["exp_avg"]
-
     def init_tensors(self, bagua_ddp) -> List:
         if not self._compressed_phase:
             return super().init_tensors(bagua_ddp)
@@ -123,7 +118,7 @@ class QAdamAlgorithmImpl(AlgorithmImpl):
         param_groups = {id(p): group for group in self.optimizer.param_groups for p in group["params"]}
 
         def hook(parameter_name, parameter):
-            tensor = bagua_ddp._tensors_by_name.get(parameter_name)
+            tensor = bagua_ddp.bagua_tensor_by_name(parameter_name)
             if tensor is None:
                 return
             group = param_groups[id(parameter)]
@@ -148,8 +143,7 @@ class QAdamAlgorithm(Algorithm):
         if not isinstance(q_adam_optimizer, QAdamOptimizer):
             raise InvalidArgumentError(
                 f"QAdamAlgorithm needs a QAdamOptimizer, got {type(q_adam_optimizer).__name__}")
-        if not isinstance(hierarchical, bool):
-            raise InvalidArgumentError(f"QAdamAlgorithm: hierarchical must be True or False, got {hierarchical!r}")
+        check_flags(type(self).__name__, hierarchical=hierarchical)
         self.optimizer = q_adam_optimizer
         self.hierarchical = hierarchical
 

@@ -426,8 +426,9 @@ def scenario_decentralized(out_dir, mode, interval="1"):
         opt.step()
         after = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
         steps.append({"before": before, "grad": grad, "after": after})
-    impl = model.bagua_ddp.bagua_algorithm_impl
-    torch.save({"steps": steps, "lr": lr, "communicated": impl.communicated_steps},
+    # how many times each bucket's op ran: once per communication step
+    executions = [op["executions"] for b in model.bagua_ddp.communication_stats()["buckets"] for op in b["ops"]]
+    torch.save({"steps": steps, "lr": lr, "executions": executions},
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 

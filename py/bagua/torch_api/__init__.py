@@ -12,8 +12,17 @@ from bagua.torch_api._core import (  # noqa: F401
     InvalidArgumentError,
     StoreError,
 )
-from bagua.torch_api.communication import (  # noqa: F401
+from bagua.torch_api.process_group import (  # noqa: F401
     BaguaProcessGroup,
+    get_local_rank,
+    get_local_size,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+    new_group,
+)
+from bagua.torch_api.communication import (  # noqa: F401
     ReduceOp,
     allgather,
     allgather_inplace,
@@ -24,13 +33,6 @@ from bagua.torch_api.communication import (  # noqa: F401
     barrier,
     broadcast,
     gather,
-    get_local_rank,
-    get_local_size,
-    get_rank,
-    get_world_size,
-    init_process_group,
-    is_initialized,
-    new_group,
     recv,
     reduce,
     reduce_inplace,
@@ -39,7 +41,7 @@ from bagua.torch_api.communication import (  # noqa: F401
     scatter,
     send,
 )
-from bagua.torch_api.distributed import BaguaModule  # noqa: F401
+from bagua.torch_api.data_parallel import BaguaModule  # noqa: F401
 from bagua.torch_api.bucket import BaguaBucket  # noqa: F401
 from bagua.torch_api.tensor import BaguaTensor  # noqa: F401
 from bagua.torch_api import algorithms  # noqa: F401

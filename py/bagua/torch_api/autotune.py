@@ -31,6 +31,7 @@ from typing import List, Optional
 import torch
 
 from bagua.torch_api._core import InvalidArgumentError, log
+from bagua.torch_api.communication import ReduceOp, allreduce_inplace, broadcast
 
 
 def _int_env(name: str, default: int) -> int:
@@ -124,16 +125,12 @@ class Autotuner:
             self._optuna_trial = None
 
     def _agree(self, value: int) -> int:
-        from bagua.torch_api.communication import broadcast
-
         tensor = torch.tensor([value], dtype=torch.int64)
         broadcast(tensor, 0, comm=self.ddp.process_group)
         return int(tensor.item())
 
     def _median_slowest_step(self, step_times: List[float]) -> float:
         """Median over the window's steps of the slowest rank's step time."""
-        from bagua.torch_api.communication import ReduceOp, allreduce_inplace
-
         tensor = torch.tensor(step_times, dtype=torch.float64)
         allreduce_inplace(tensor, op=ReduceOp.MAX, comm=self.ddp.process_group)
         return float(tensor.median().item())

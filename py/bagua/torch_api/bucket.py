@@ -11,6 +11,7 @@ from typing import Callable, List, Optional
 import torch
 
 from bagua.torch_api._core import InvalidArgumentError, core, tensor_view
+from bagua.torch_api.process_group import _get_default_group
 from bagua.torch_api.tensor import BaguaTensor
 
 
@@ -244,6 +245,4 @@ def _check_floating(dtype, what):
 
 
 def _group_or_default(group):
-    from bagua.torch_api.communication import _get_default_group
-
     return group if group is not None else _get_default_group()

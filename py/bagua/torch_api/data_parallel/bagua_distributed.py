@@ -1,0 +1,188 @@
+"""BaguaDistributedDataParallel: the engine behind a wrapped module
+(``model.bagua_ddp``), Bagua's name for it.
+
+It owns the C++ backend (the ordered buckets and the communication thread),
+the algorithm's implementation, the buckets and the hooks; what each step
+does is told in :mod:`.hooks`, how buckets are planned in :mod:`.planning`,
+the initial broadcast in :mod:`.state`.
+"""
+
+import itertools
+import json
+import os
+from typing import Dict, List, Optional
+
+import torch
+
+from bagua.torch_api import autotune as autotune_module
+from bagua.torch_api import env, timeline
+from bagua.torch_api._core import InvalidArgumentError, core, log
+from bagua.torch_api.data_parallel import planning
+from bagua.torch_api.data_parallel.hooks import StepHooks
+from bagua.torch_api.data_parallel.state import broadcast_states
+from bagua.torch_api.process_group import BaguaProcessGroup, _get_default_group
+from bagua.torch_api.tensor import BaguaTensor
+
+__all__ = ["BaguaDistributedDataParallel"]
+
+_module_ids = itertools.count()
+
+
+def _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune) -> list:
+    """with_bagua's arguments checked before anything communicates; returns
+    the optimizers as a list."""
+    from bagua.torch_api.algorithms import Algorithm  # the algorithms import the engine's package
+
+    if not isinstance(algorithm, Algorithm):
+        raise InvalidArgumentError(
+            f"with_bagua: algorithm must be a bagua Algorithm, got {type(algorithm).__name__}")
+    if isinstance(optimizers, torch.optim.Optimizer):
+        optimizers = [optimizers]
+    if not isinstance(optimizers, (list, tuple)) or not all(
+            isinstance(o, torch.optim.Optimizer) for o in optimizers):
+        raise InvalidArgumentError("with_bagua: optimizers must be a list of torch.optim.Optimizer")
+    for name, value in (("do_flatten", do_flatten), ("overlap", overlap)):
+        if not isinstance(value, bool):
+            raise InvalidArgumentError(f"with_bagua: {name} must be a bool, got {value!r}")
+    if autotune is not None and not isinstance(autotune, bool):
+        raise InvalidArgumentError(f"with_bagua: autotune must be a bool or None, got {autotune!r}")
+    return list(optimizers)
+
+
+class BaguaDistributedDataParallel:
+    """The engine behind a wrapped module (``model.bagua_ddp``)."""
+
+    def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group, do_flatten: bool,
+                 overlap: bool = True, autotune: Optional[bool] = None):
+        self.optimizers = _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune)
+        self.overlap = overlap
+        self.module = module
+        self.bagua_algorithm = algorithm
+        self.process_group: BaguaProcessGroup = process_group or _get_default_group()
+        self.do_flatten = do_flatten
+        self.bagua_module_name = f"{type(module).__name__}_{next(_module_ids)}"
+        self.bucket_bytes = env.get_default_bucket_size()
+        if self.bucket_bytes <= 0:
+            raise InvalidArgumentError(f"BAGUA_DEFAULT_BUCKET_SIZE must be positive, got {self.bucket_bytes}")
+
+        broadcast_states(self.module, self.optimizers, self.process_group)
+        self.bagua_algorithm_impl = algorithm.reify(self.process_group)
+        self._timeline = timeline.get(self.process_group.get_rank())
+        self._bagua_backend = core.Backend(self.process_group.get_rank(), env.get_comm_timeout_s(),
+                                           self._timeline)
+        self.bagua_buckets = []
+        self.bagua_tensors: List[BaguaTensor] = []
+        self._tensors_by_name: Dict[str, BaguaTensor] = {}
+        self._marked = set()  # names marked ready this iteration
+        self._profiled = False
+        self._pending_order: Optional[List[str]] = None
+        self.step_counter = 0
+        self.autotuner = None
+        self._reset_algorithm_buckets(self._initial_order(autotune))
+        self._hooks = StepHooks(self, self._timeline)
+
+    def _initial_order(self, autotune: Optional[bool]) -> Optional[List[str]]:
+        """A saved plan (BAGUA_AUTOTUNE_PLAN) gives the bucket size and order;
+        otherwise the autotuner starts, if enabled, and the order is the
+        algorithm's until the first iteration has been profiled."""
+        plan_path = os.environ.get("BAGUA_AUTOTUNE_PLAN")
+        if plan_path:
+            plan = autotune_module.load_plan(plan_path)
+            self.bucket_bytes = plan["bucket_bytes"]
+            self._profiled = True  # the saved plan carries the order
+            return plan.get("order")
+        if autotune_module.enabled(autotune):
+            self.autotuner = autotune_module.Autotuner(self, self.bucket_bytes)
+        return None
+
+    # -- parameters and tensors ---------------------------------------------
+    def bagua_build_params(self):
+        """(name, parameter) pairs to train, in module order, shared ones once."""
+        seen = set()
+        params = []
+        for name, param in self.module.named_parameters():
+            if param.requires_grad and id(param) not in seen:
+                seen.add(id(param))
+                params.append((name, param))
+        return params
+
+    def bagua_tensor_by_name(self, name: str) -> Optional[BaguaTensor]:
+        """The communicated tensor called ``name`` (for a gradient: the
+        parameter's name), or None when the algorithm does not communicate it."""
+        return self._tensors_by_name.get(name)
+
+    # -- buckets --------------------------------------------------------------
+    def _reset_algorithm_buckets(self, order: Optional[List[str]] = None) -> None:
+        """Asks the algorithm for its tensors, plans them into buckets (in
+        ``order`` when given), lets the algorithm add its ops, and registers
+        the buckets with the backend, after checking all ranks agree."""
+        impl = self.bagua_algorithm_impl
+        self.bagua_tensors = impl.init_tensors(self)
+        self._tensors_by_name = planning.index_by_name(self.bagua_tensors, type(impl).__name__)
+        ordered = planning.in_order(self.bagua_tensors, order)
+        self.bagua_buckets = planning.plan_buckets(impl, ordered, self.bucket_bytes, self.do_flatten)
+        for bucket in self.bagua_buckets:
+            impl.init_operations(self, bucket)
+        for tensor in self.bagua_tensors:
+            tensor._attach_backend(self._bagua_backend, self._marked.add)
+        planning.verify_same_buckets(self.bagua_buckets, self.process_group)
+        self._bagua_backend.register_ordered_buckets([b.backend_bucket for b in self.bagua_buckets])
+        self._marked.clear()
+        if self.process_group.get_rank() == 0:
+            log("info", f"{self.bagua_module_name}: {len(self.bagua_buckets)} buckets "
+                        f"({', '.join(str(len(b.tensors)) for b in self.bagua_buckets)} tensors), "
+                        f"target {self.bucket_bytes} bytes, flatten={self.do_flatten}")
+
+    # -- called by the hooks ---------------------------------------------------
+    def _prepare_step(self) -> None:
+        """Before a training forward: rebuild what the algorithm (need_reset)
+        or the profile asks for, apply the autotuner's plan, count the step."""
+        if self.bagua_algorithm_impl.need_reset():
+            self._reset_algorithm_buckets(planning.bucket_order(self.bagua_buckets))
+            self._hooks.bind_algorithm()
+        elif self._pending_order is not None:
+            order, self._pending_order = self._pending_order, None
+            self._reset_algorithm_buckets(order)
+        if self.autotuner is not None:
+            proposal = self.autotuner.step_begin(self.step_counter + 1)
+            if proposal is not None:
+                if proposal != self.bucket_bytes:
+                    self.bucket_bytes = proposal
+                    self._reset_algorithm_buckets(planning.bucket_order(self.bagua_buckets))
+                self.autotuner.window_starts(self.step_counter + 1)
+        self.step_counter += 1
+
+    def _backward_finished(self) -> None:
+        """After the first backward: plan buckets by rank 0's ready order
+        (applied before the next forward)."""
+        if not self._profiled:
+            self._profiled = True
+            self._pending_order = planning.profiled_order(
+                self._bagua_backend.last_ready_order(), self.bagua_tensors, self.bagua_buckets,
+                self.process_group)
+
+    # -- for algorithms ----------------------------------------------------------
+    def mark_unready_tensors(self) -> None:
+        """Marks, in bucket order, every tensor not marked this iteration (e.g.
+        parameters that took no part in the loss), so every rank runs every
+        bucket. A missing gradient is communicated as zeros."""
+        for bucket in self.bagua_buckets:
+            for tensor in bucket.tensors:
+                if tensor.name not in self._marked:
+                    tensor.bagua_mark_communication_ready()
+
+    def wait_pending_comm_ops(self) -> None:
+        self._bagua_backend.wait_pending_comm_ops()
+        self._marked.clear()
+
+    def communication_stats(self) -> dict:
+        """Per bucket: tensors, bytes, and per op its executions and seconds
+        spent on the communication thread since the buckets were last built."""
+        return json.loads(self._bagua_backend.stats_json())
+
+    # -- teardown ---------------------------------------------------------------
+    def remove(self) -> None:
+        """Removes the hooks and restores the optimizers' ``step``; the
+        backend (and its communication thread) goes with the last reference."""
+        self._hooks.remove()
+        self._bagua_backend = None

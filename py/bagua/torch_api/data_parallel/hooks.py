@@ -1,0 +1,146 @@
+"""The hooks that drive a training step, and the algorithm's hooks they call.
+
+- forward pre-hook: the engine prepares the step (re-bucketing, autotuning),
+  then the algorithm's forward pre-hook runs;
+- one hook per parameter, after autograd accumulated its gradient: the
+  algorithm's backward hook (with ``overlap=False`` replayed, in ready order,
+  once backward has finished);
+- a callback queued on autograd's engine at the first gradient, run at the
+  end of backward: the algorithm's post-backward hook, then the engine's
+  end-of-backward work (adopting the profiled order);
+- ``optimizer.step`` is wrapped: the algorithm's post-step hook runs after it.
+
+What torch holds (module hooks, gradient hooks, the wrapped ``step``) refers
+to the hooks only weakly, so a dropped engine is not kept alive by them.
+With BAGUA_TIMELINE set, forward, backward and optimizer step are also
+recorded as spans on the timeline.
+"""
+
+import weakref
+
+import torch
+
+
+class _Phases:
+    """Spans of the training phases on the timeline; nothing without one."""
+
+    def __init__(self, timeline):
+        self.timeline = timeline
+        self._start = {}
+
+    def begin(self, phase: str) -> None:
+        if self.timeline is not None:
+            self._start[phase] = self.timeline.now_us()
+
+    def end(self, phase: str) -> None:
+        if self.timeline is not None and phase in self._start:
+            self.timeline.span(phase, "phase", self._start.pop(phase), self.timeline.now_us())
+
+
+def _weak_call(ref, method: str, *bound):
+    """A hook for torch: calls ``ref().method(*bound, *args)`` while the
+    referent lives, and nothing after."""
+
+    def call(*args):
+        hooks = ref()
+        if hooks is not None:
+            getattr(hooks, method)(*bound, *args)
+
+    return call
+
+
+class StepHooks:
+    """The hooks of one wrapped module (``ddp``: its engine)."""
+
+    def __init__(self, ddp, timeline=None):
+        self.ddp = ddp
+        self.phases = _Phases(timeline)
+        self._handles = []
+        self._wrapped_steps = []
+        self._grad_accumulators = []  # PyTorch < 2.1: keeps the hooked nodes alive
+        self._deferred_grads = []
+        self._callback_queued = False
+        self.bind_algorithm()
+        self._install()
+
+    def bind_algorithm(self) -> None:
+        """(Re)reads the algorithm's hooks: at wrap time and after the
+        algorithm asked for a reset."""
+        impl, ddp = self.ddp.bagua_algorithm_impl, self.ddp
+        self.backward_hook = impl.init_backward_hook(ddp)
+        self.forward_pre_hook = impl.init_forward_pre_hook(ddp)
+        self.post_backward_hook = impl.init_post_backward_hook(ddp)
+        self.post_step_hook = impl.init_post_optimizer_step_hook(ddp)
+
+    def _install(self) -> None:
+        ref = weakref.ref(self)
+        module = self.ddp.module
+        self._handles.append(module.register_forward_pre_hook(_weak_call(ref, "on_forward")))
+        if self.phases.timeline is not None:
+            self._handles.append(module.register_forward_hook(_weak_call(ref, "on_forward_end")))
+        for name, param in self.ddp.bagua_build_params():
+            hook = _weak_call(ref, "on_grad_ready", name, param)
+            if hasattr(param, "register_post_accumulate_grad_hook"):  # PyTorch >= 2.1
+                self._handles.append(param.register_post_accumulate_grad_hook(hook))
+            else:
+                accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
+                self._handles.append(accumulator.register_hook(hook))
+                self._grad_accumulators.append(accumulator)
+        for optimizer in self.ddp.optimizers:
+            self._wrap_step(optimizer, ref)
+
+    def _wrap_step(self, optimizer, ref) -> None:
+        original = optimizer.step
+
+        def step(*args, **kwargs):
+            hooks = ref()
+            if hooks is not None:
+                hooks.phases.begin("optimizer_step")
+            result = original(*args, **kwargs)
+            if hooks is not None:
+                hooks.post_step_hook(optimizer)
+                hooks.phases.end("optimizer_step")
+            return result
+
+        optimizer.step = step
+        self._wrapped_steps.append(optimizer)
+
+    # -- what the hooks do ----------------------------------------------------
+    def on_forward(self, module, inputs) -> None:
+        if not torch.is_grad_enabled() or not module.training:
+            return
+        self.ddp._prepare_step()
+        self.phases.begin("forward")
+        self.forward_pre_hook(inputs)
+
+    def on_forward_end(self, module, inputs, output) -> None:
+        self.phases.end("forward")
+
+    def on_grad_ready(self, name: str, param, *_) -> None:
+        if not self._callback_queued:
+            self.phases.begin("backward")
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.on_backward_end)
+        if self.ddp.overlap:
+            self.backward_hook(name, param)
+        else:  # communicate after backward: replay the hooks in ready order then
+            self._deferred_grads.append((name, param))
+
+    def on_backward_end(self) -> None:
+        self._callback_queued = False
+        deferred, self._deferred_grads = self._deferred_grads, []
+        for name, param in deferred:
+            self.backward_hook(name, param)
+        self.post_backward_hook()
+        self.phases.end("backward")
+        self.ddp._backward_finished()
+
+    def remove(self) -> None:
+        """Removes every hook and restores the optimizers' own ``step``."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for optimizer in self._wrapped_steps:
+            if "step" in optimizer.__dict__:
+                del optimizer.step
+        self._wrapped_steps.clear()

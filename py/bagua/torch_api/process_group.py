@@ -1,0 +1,210 @@
+"""Process groups: which ranks communicate together, and how they connect.
+
+``init_process_group`` connects every rank through PyTorch's own c10d store
+(the one ``torchrun`` sets up), so bagua and ``torch.distributed`` can be used
+side by side. Each process group owns two communicators: one for the calls
+made from the training thread (the primitives of
+:mod:`bagua.torch_api.communication`), one for the buckets' ops on the
+communication thread, so the two never interleave on one connection.
+
+Bagua's users import these names from ``bagua.torch_api`` or
+``bagua.torch_api.communication``; both re-export them from here.
+"""
+
+import os
+import socket
+import threading
+from typing import List, Optional, Sequence
+
+import torch.distributed as dist
+
+from bagua.torch_api import env
+from bagua.torch_api._core import InvalidArgumentError, core, log
+
+__all__ = [
+    "BaguaProcessGroup", "init_process_group", "is_initialized", "new_group",
+    "get_rank", "get_world_size", "get_local_rank", "get_local_size",
+]
+
+
+class BaguaProcessGroup:
+    """A set of ranks that communicate together.
+
+    ``ranks`` are global ranks in increasing order; this process's rank in the
+    group is ``get_rank()``. Created by :func:`init_process_group` (all ranks)
+    and :func:`new_group`.
+    """
+
+    def __init__(self, ranks: Sequence[int], communicator, group_name: str):
+        self.ranks = list(ranks)
+        self.group_name = group_name
+        self._communicator = communicator
+        self._bucket_communicator = None
+        self._hierarchy = None
+        self._lock = threading.Lock()
+
+    def get_rank(self) -> int:
+        return self._communicator.rank
+
+    def get_size(self) -> int:
+        return self._communicator.size
+
+    def get_global_communicator(self):
+        """The communicator of calls made from the training thread."""
+        return self._communicator
+
+    def get_bucket_communicator(self):
+        """The communicator the buckets' ops use on the communication thread.
+        Created on first use: collective, every rank of the group must reach it
+        (they do, since every rank builds the same buckets)."""
+        with self._lock:
+            if self._bucket_communicator is None:
+                # On NCCL its collectives share the communication stream with
+                # the ops' kernels and the ready-event waits.
+                self._bucket_communicator = self._communicator.new_bucket_group(
+                    list(range(self.get_size())))
+            return self._bucket_communicator
+
+    def new_dedicated_communicator(self):
+        """A new communicator over the group, for an op that communicates on a
+        thread of its own. Collective."""
+        with self._lock:
+            return self._communicator.new_group(list(range(self.get_size())))
+
+    def get_hierarchical_communicators(self):
+        """The intra-node / inter-node pair over the bucket communicator, nodes
+        taken from LOCAL_WORLD_SIZE (consecutive global ranks form a node)."""
+        bucket_comm = self.get_bucket_communicator()
+        with self._lock:
+            if self._hierarchy is None:
+                local_size = get_local_size()
+                if local_size < 1:
+                    raise InvalidArgumentError(f"LOCAL_WORLD_SIZE must be >= 1, got {local_size}")
+                nodes = [rank // local_size for rank in self.ranks]
+                self._hierarchy = core.hierarchical_comms(bucket_comm, nodes)
+            return self._hierarchy
+
+    def __repr__(self) -> str:
+        return f"BaguaProcessGroup({self.group_name}, ranks={self.ranks})"
+
+
+_default_group: Optional[BaguaProcessGroup] = None
+_group_count = 0
+
+
+def is_initialized() -> bool:
+    return _default_group is not None
+
+
+def _require_init(what: str) -> BaguaProcessGroup:
+    if _default_group is None:
+        raise RuntimeError(
+            f"{what} needs bagua's process group: call bagua.torch_api.init_process_group() first"
+        )
+    return _default_group
+
+
+def _get_default_group() -> BaguaProcessGroup:
+    return _require_init("this call")
+
+
+def get_rank() -> int:
+    return _default_group.get_rank() if _default_group is not None else env.get_rank()
+
+
+def get_world_size() -> int:
+    return _default_group.get_size() if _default_group is not None else env.get_world_size()
+
+
+def get_local_rank() -> int:
+    return env.get_local_rank()
+
+
+def get_local_size() -> int:
+    return env.get_local_size()
+
+
+def _gloo_address():
+    """(interface, hostname) Gloo should bind: GLOO_SOCKET_IFNAME as torch reads
+    it, else loopback on a single machine, else this host's address."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    if interface:
+        return interface, ""
+    hostname = os.environ.get("BAGUA_GLOO_HOSTNAME", "")
+    if hostname:
+        return "", hostname
+    master = env.get_master_addr()
+    if master in ("127.0.0.1", "localhost", "::1") or env.get_local_size() >= env.get_world_size():
+        return "", "127.0.0.1"
+    return "", socket.gethostbyname(socket.gethostname())
+
+
+def _torch_store(world_size: int):
+    """The c10d store of ``torch.distributed``, initializing it (Gloo) if
+    nobody did: bagua rendezvous through the store the launcher set up."""
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ and world_size > 1:
+            raise RuntimeError(
+                "init_process_group: MASTER_PORT is not set; launch with "
+                "'python -m bagua.distributed.launch' or torchrun"
+            )
+        os.environ.setdefault("MASTER_PORT", "29500")
+        dist.init_process_group("gloo", rank=env.get_rank(), world_size=world_size)
+    return dist.distributed_c10d._get_default_store()
+
+
+def _connect(store, rank: int, world_size: int):
+    """The default group's communicator over ``store``, on BAGUA_BACKEND."""
+    prefixed = core.python_store(dist.PrefixStore("bagua", store))
+    if env.get_backend() == "nccl":
+        reason = core.nccl_unavailable_reason()
+        if reason:
+            raise RuntimeError(f"BAGUA_BACKEND=nccl but NCCL cannot be used here: {reason}")
+        return core.nccl_communicator(prefixed, rank, world_size, prefix="default",
+                                      device=get_local_rank(), timeout_s=env.get_comm_timeout_s())
+    interface, hostname = _gloo_address()
+    return core.gloo_communicator(prefixed, rank, world_size, prefix="default", interface_name=interface,
+                                  hostname=hostname, timeout_s=env.get_comm_timeout_s())
+
+
+def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
+                       world_size: int = -1, local_world_size: int = -1) -> None:
+    """Connects this process to the others.
+
+    Reads RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as
+    written by ``torchrun`` / ``python -m bagua.distributed.launch``. Also
+    initializes ``torch.distributed`` (Gloo) if nobody did, whose store bagua
+    shares. Calling it again is a no-op.
+    """
+    global _default_group
+    if _default_group is not None:
+        return
+    # Explicit arguments win over the launcher's variables (and are written
+    # back, so env.* and torch read the same values).
+    for name, value, given in (("RANK", rank, rank >= 0), ("WORLD_SIZE", world_size, world_size > 0),
+                               ("LOCAL_WORLD_SIZE", local_world_size, local_world_size > 0)):
+        if given:
+            os.environ[name] = str(value)
+    rank, world_size = env.get_rank(), env.get_world_size()
+    if store is None:
+        store = _torch_store(world_size)
+    communicator = _connect(store, rank, world_size)
+    _default_group = BaguaProcessGroup(list(range(world_size)), communicator, "default")
+    log("info", f"rank {rank} of {world_size} connected ({communicator.backend_name}, "
+                f"local size {get_local_size()}, cuda devices {core.cuda_device_count()})")
+
+
+def new_group(ranks: Optional[List[int]] = None) -> Optional[BaguaProcessGroup]:
+    """A process group of ``ranks`` (default: all). Collective: every rank of the
+    default group calls it with the same ranks; non-members get ``None``."""
+    global _group_count
+    group = _require_init("new_group")
+    if ranks is None:
+        ranks = list(range(group.get_size()))
+    ranks = sorted(int(r) for r in ranks)
+    _group_count += 1
+    communicator = group.get_global_communicator().new_group(ranks)
+    if communicator is None:
+        return None
+    return BaguaProcessGroup(ranks, communicator, f"group{_group_count}")
