@@ -36,15 +36,16 @@ step "NCCL allreduce through the Communicator vs raw ncclAllReduce (world 1)"
 # Every algorithm on CUDA tensors, first NCCL with one process, then 4
 # processes sharing the GPU over host-staged Gloo.
 ALGOS="gradient_allreduce bytegrad qadam decentralized decentralized_ring low_precision_decentralized_ring async_model_average"
-for algo in $ALGOS; do
-  step "digits, $algo, NCCL, 1 process"
-  BAGUA_BACKEND=nccl $PY -m bagua.distributed.launch --nproc_per_node 1 examples/digits_mlp.py \
-    --device cuda --algorithm "$algo" --results "$OUT/digits_nccl_$algo.json" 2>&1 \
-    | tee "$OUT/digits_nccl_$algo.log" | grep -E "^algorithm|Error" | tee -a "$OUT/summary.txt"
-done
-for algo in $ALGOS; do
-  step "digits, $algo, 4 processes sharing the GPU over host-staged Gloo"
-  BAGUA_BACKEND=gloo $PY -m bagua.distributed.launch --nproc_per_node 4 examples/digits_mlp.py \
-    --device cuda --algorithm "$algo" --results "$OUT/digits_gloo_$algo.json" 2>&1 \
-    | tee "$OUT/digits_gloo_$algo.log" | grep -E "^algorithm|Error" | tee -a "$OUT/summary.txt"
-done
+# digits BACKEND NPROC WHAT: every algorithm on CUDA tensors.
+digits() {
+  local backend=$1 nproc=$2 what=$3
+  for algo in $ALGOS; do
+    step "digits, $algo, $what"
+    BAGUA_BACKEND=$backend $PY -m bagua.distributed.launch --nproc_per_node "$nproc" \
+      examples/digits_mlp.py --device cuda --algorithm "$algo" \
+      --results "$OUT/digits_${backend}_$algo.json" 2>&1 \
+      | tee "$OUT/digits_${backend}_$algo.log" | grep -E "^algorithm|Error" | tee -a "$OUT/summary.txt"
+  done
+}
+digits nccl 1 "NCCL, 1 process"
+digits gloo 4 "4 processes sharing the GPU over host-staged Gloo"
