@@ -165,6 +165,8 @@ class BaguaBucket:
         in a background thread every ``sync_interval_ms``; returns the op
         (``lock_weight``, ``unlock_weight``, ``abort``, ``resume``, ``reset``,
         ``get_status``). The background rounds start when the op first runs."""
+        if not isinstance(sync_interval_ms, int) or isinstance(sync_interval_ms, bool):
+            raise InvalidArgumentError(f"sync_interval_ms must be an integer, got {sync_interval_ms!r}")
         options = core.AsyncModelAverageOptions(peer_selection=core.parse_peer_selection(peer_selection_mode),
                                                 sync_interval_ms=sync_interval_ms)
         group = _group_or_default(group)
