@@ -117,7 +117,7 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
         self.hierarchical = hierarchical
         self.peer_selection_mode = peer_selection_mode
         self.communication_interval = communication_interval
-        self.ops = {}  # bucket name -> DecentralizedSynchronousOp (which holds its peer weight)
+        self.ops = {}  # bucket name -> DecentralizedSynchronousOp
 
     def init_tensors(self, bagua_ddp) -> List:
         return weight_tensors(bagua_ddp)

@@ -109,9 +109,6 @@ void bind_env(py::module_& m) {
       "env", [] { return env(); },
       "The environment's configuration, read at the first call and cached; "
       "InvalidArgumentError names a variable with an invalid value.");
-  // compat: removed when py/ switches (use env().default_bucket_size / .comm_timeout_s)
-  m.def("default_bucket_bytes", [] { return env().default_bucket_bytes; });
-  m.def("comm_timeout_s", [] { return static_cast<double>(env().comm_timeout.count()) / 1000.0; });
 }
 
 }  // namespace

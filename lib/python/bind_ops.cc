@@ -121,8 +121,8 @@ void require_comm_supports(const Bucket& b, const Communicator& comm, const char
                   op, b.name(), b.device().str(), comm.backend_name());
 }
 
-// The append_* implementations, shared by the options-taking bindings and
-// the compat ones.
+// The append_* implementations: check that the communicator reaches the
+// bucket's memory, build the op from its options, append it.
 void append_centralized_synchronous(Bucket& b, CommPtr global, HierarchyPtr hierarchy,
                                     const CentralizedSynchronousOptions& options) {
   if (global) require_comm_supports(b, *global, "append_centralized_synchronous_op");
@@ -229,64 +229,6 @@ void bind_bucket_ops(BucketClass& c) {
            py::arg("communicator"), py::arg("options") = AsyncModelAverageOptions{});
 }
 
-// compat: removed when py/ switches. Today's signatures of py/ (rows of
-// booleans and mode strings), delegating to the options-taking methods.
-void bind_bucket_compat_ops(BucketClass& c) {
-  c.def(
-       "append_centralized_synchronous_op",
-       [](Bucket& b, CommPtr global, HierarchyPtr hierarchy, bool hierarchical, bool average,
-          bool scattergather) {
-         append_centralized_synchronous(
-             b, std::move(global), std::move(hierarchy),
-             {.hierarchical = hierarchical, .average = average, .scattergather = scattergather});
-       },
-       py::arg("communicator"), py::arg("hierarchy"), py::arg("hierarchical"), py::arg("average"),
-       py::arg("scattergather"))
-      .def(
-          "append_centralized_low_precision_op",
-          [](Bucket& b, CommPtr global, HierarchyPtr hierarchy, bool hierarchical, bool average,
-             bool error_feedback) {
-            append_centralized_low_precision(b, std::move(global), std::move(hierarchy),
-                                             {.hierarchical = hierarchical,
-                                              .average = average,
-                                              .error_feedback = error_feedback});
-          },
-          py::arg("communicator"), py::arg("hierarchy"), py::arg("hierarchical"),
-          py::arg("average"), py::arg("error_feedback"))
-      .def(
-          "append_low_precision_decentralized_op",
-          [](Bucket& b, CommPtr global, HierarchyPtr hierarchy, const TensorView& weight,
-             const TensorView& left, const TensorView& right, bool hierarchical) {
-            append_low_precision_decentralized(b, std::move(global), std::move(hierarchy), weight,
-                                               left, right, {.hierarchical = hierarchical});
-          },
-          py::arg("communicator"), py::arg("hierarchy"), py::arg("weight"), py::arg("left"),
-          py::arg("right"), py::arg("hierarchical"));
-}
-
-// compat: removed when py/ switches (the two ops with a mode string).
-void bind_bucket_compat_peer_ops(BucketClass& c) {
-  c.def(
-       "append_decentralized_synchronous_op",
-       [](Bucket& b, CommPtr global, HierarchyPtr hierarchy, const TensorView& peer_weight,
-          bool hierarchical, const std::string& mode) {
-         return append_decentralized_synchronous(
-             b, std::move(global), std::move(hierarchy), peer_weight,
-             {.hierarchical = hierarchical, .peer_selection = parse_peer_selection(mode)});
-       },
-       py::arg("communicator"), py::arg("hierarchy"), py::arg("peer_weight"),
-       py::arg("hierarchical"), py::arg("peer_selection_mode"))
-      .def(
-          "append_asynchronous_model_average_op",
-          [](Bucket& b, CommPtr dedicated, const std::string& mode, std::int64_t sync_interval_ms) {
-            return append_asynchronous_model_average(
-                b, std::move(dedicated),
-                {.peer_selection = parse_peer_selection(mode),
-                 .sync_interval = std::chrono::milliseconds(sync_interval_ms)});
-          },
-          py::arg("communicator"), py::arg("peer_selection_mode"), py::arg("sync_interval_ms"));
-}
-
 void bind_decentralized_handle(py::module_& m) {
   py::class_<DecentralizedSynchronousOp, CommOp, std::shared_ptr<DecentralizedSynchronousOp>>(
       m, "DecentralizedSynchronousOp")
@@ -348,9 +290,7 @@ void bind_ops(py::module_& m) {
 
   BucketClass bucket(m, "Bucket");
   bind_bucket_class(bucket);
-  bind_bucket_ops(bucket);         // first: tried first by pybind11's overload resolution
-  bind_bucket_compat_ops(bucket);  // compat: removed when py/ switches
-  bind_bucket_compat_peer_ops(bucket);
+  bind_bucket_ops(bucket);
 }
 
 }  // namespace bagua::python

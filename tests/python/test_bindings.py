@@ -1,7 +1,7 @@
 """The bagua_core module's surface: test hooks apart in _testing, the ops'
-options objects (and the compat signatures until py/ switches), the
-environment read once with one parsing rule, and the queries the Python
-package needs (supports, unready tensors, copy-back on a stream)."""
+options objects (the only form the ops take), the environment read once
+with one parsing rule, and the queries the Python package needs (supports,
+unready tensors, copy-back on a stream)."""
 
 import threading
 
@@ -73,54 +73,69 @@ def _two_ranks(body):
 
 
 APPEND = {
-    "c_fp_s": (lambda b, c, x: b.append_centralized_synchronous_op(
+    "c_fp_s": lambda b, c, x: b.append_centralized_synchronous_op(
         c, None, bagua_core.CentralizedSynchronousOptions(average=False, scattergather=True)),
-               lambda b, c, x: b.append_centralized_synchronous_op(c, None, False, False, True)),
-    "c_lp_s": (lambda b, c, x: b.append_centralized_low_precision_op(
+    "c_lp_s": lambda b, c, x: b.append_centralized_low_precision_op(
         c, None, bagua_core.CentralizedLowPrecisionOptions(error_feedback=True)),
-               lambda b, c, x: b.append_centralized_low_precision_op(c, None, False, True, True)),
-    "d_lp_s": (lambda b, c, x: b.append_low_precision_decentralized_op(
+    "d_lp_s": lambda b, c, x: b.append_low_precision_decentralized_op(
         c, None, *x, bagua_core.LowPrecisionDecentralizedOptions(hierarchical=False)),
-               lambda b, c, x: b.append_low_precision_decentralized_op(c, None, *x, False)),
-    "d_fp_s": (lambda b, c, x: b.append_decentralized_synchronous_op(
+    "d_fp_s": lambda b, c, x: b.append_decentralized_synchronous_op(
         c, None, x[0], bagua_core.DecentralizedSynchronousOptions(
             hierarchical=False, peer_selection=bagua_core.PeerSelection.RING)),
-               lambda b, c, x: b.append_decentralized_synchronous_op(c, None, x[0], False, "ring")),
+}
+
+# The signatures of before the options objects: rows of booleans and mode strings.
+POSITIONAL = {
+    "c_fp_s": lambda b, c, x: b.append_centralized_synchronous_op(c, None, False, False, True),
+    "c_lp_s": lambda b, c, x: b.append_centralized_low_precision_op(c, None, False, True, True),
+    "d_lp_s": lambda b, c, x: b.append_low_precision_decentralized_op(c, None, *x, False),
+    "d_fp_s": lambda b, c, x: b.append_decentralized_synchronous_op(c, None, x[0], False, "ring"),
 }
 
 
 @pytest.mark.parametrize("op", sorted(APPEND))
-def test_options_form_and_compat_form_give_the_same_result(op):
+def test_ops_take_their_options_object_only(op):
     def body(comm, rank):
-        out = []
-        for append in APPEND[op]:
-            data = torch.linspace(-1, 1, 1001) * (rank + 1)
-            copies = [data.clone() for _ in range(3)] if op == "d_lp_s" else [torch.zeros(1001)]
-            bucket = bagua_core.Bucket(op, [("t", view(data))])
-            append(bucket, comm.new_group([0, 1]), [view(c) for c in copies])
-            for _ in range(2):
-                _testing.execute_ops(bucket)
-            out.append((data, copies))
-        return out
+        data = torch.linspace(-1, 1, 1001) * (rank + 1)
+        copies = [data.clone() for _ in range(3)] if op == "d_lp_s" else [torch.zeros(1001)]
+        bucket = bagua_core.Bucket(op, [("t", view(data))])
+        with pytest.raises(TypeError):
+            POSITIONAL[op](bucket, comm, [view(c) for c in copies])
+        APPEND[op](bucket, comm.new_group([0, 1]), [view(c) for c in copies])
+        for _ in range(2):
+            _testing.execute_ops(bucket)
+        return data, copies
 
-    for (new_data, new_copies), (old_data, old_copies) in _two_ranks(body):
-        assert torch.equal(new_data, old_data)
-        for new, old in zip(new_copies, old_copies):
-            assert torch.equal(new, old)
+    (data0, copies0), (data1, copies1) = _two_ranks(body)
+    expected = torch.linspace(-1, 1, 1001)
+    if op == "c_fp_s":  # 1x and 2x summed: 3x on both ranks, then 6x
+        assert torch.allclose(data0, 6 * expected) and torch.equal(data0, data1)
+    elif op == "c_lp_s":  # averaged within the compression error
+        assert torch.allclose(data0, 1.5 * expected, atol=0.05) and torch.equal(data0, data1)
+    elif op == "d_fp_s":  # the bucket is untouched, the average goes to peer_weight
+        assert torch.equal(data0, expected) and torch.equal(copies0[0], copies1[0])
+        assert torch.allclose(copies0[0], 1.5 * expected)
+    else:
+        assert all(torch.isfinite(c).all() for c in copies0 + copies1)
 
 
-def test_async_op_takes_options_and_keeps_the_compat_form():
+def test_async_op_takes_its_options_object_only():
     comm = bagua_core.gloo_communicator(_testing.hash_store(), 0, 1, prefix="async-options")
     weights = torch.zeros(16)
     bucket = bagua_core.Bucket("w", [("w0", view(weights))])
+    with pytest.raises(TypeError):
+        bucket.append_asynchronous_model_average_op(comm.new_group([0]), "all", 5)
     op = bucket.append_asynchronous_model_average_op(
         comm.new_group([0]), bagua_core.AsyncModelAverageOptions(sync_interval_ms=5))
     assert op.get_status() == "idle"
-    old = bagua_core.Bucket("o", [("o0", view(torch.zeros(16)))])
-    assert old.append_asynchronous_model_average_op(comm.new_group([0]), "all", 5).get_status() == "idle"
     with pytest.raises(bagua_core.InvalidArgumentError, match="'all' only"):
-        old.append_asynchronous_model_average_op(
+        bucket.append_asynchronous_model_average_op(
             comm.new_group([0]), bagua_core.AsyncModelAverageOptions(peer_selection=bagua_core.PeerSelection.RING))
+
+
+def test_compat_functions_are_gone():
+    assert not hasattr(bagua_core, "default_bucket_bytes")
+    assert not hasattr(bagua_core, "comm_timeout_s")
 
 
 def test_communicator_supports_names_devices():

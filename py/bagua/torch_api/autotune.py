@@ -23,34 +23,20 @@ run loads a saved plan with ``BAGUA_AUTOTUNE_PLAN=path`` and skips tuning.
 """
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import List, Optional
 
 import torch
 
-from bagua.torch_api._core import InvalidArgumentError, log
+from bagua.torch_api._core import InvalidArgumentError, core, log
 from bagua.torch_api.communication import ReduceOp, allreduce_inplace, broadcast
-
-
-def _int_env(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if not value:
-        return default
-    try:
-        parsed = int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"{name}={value!r} is not an integer") from None
-    if parsed < 1:
-        raise InvalidArgumentError(f"{name} must be >= 1, got {parsed}")
-    return parsed
 
 
 def enabled(explicit: Optional[bool]) -> bool:
     if explicit is not None:
         return bool(explicit)
-    return os.environ.get("BAGUA_AUTOTUNE", "0") not in ("0", "", "false", "False")
+    return core.env().autotune
 
 
 def load_plan(path: str) -> dict:
@@ -77,11 +63,12 @@ class Autotuner:
         self.ddp = ddp
         self.rank = ddp.process_group.get_rank()
         self.default_bucket_bytes = default_bucket_bytes
-        self.warmup_steps = _int_env("BAGUA_AUTOTUNE_WARMUP_STEPS", 10)
-        self.window_steps = _int_env("BAGUA_AUTOTUNE_WINDOW_STEPS", 10)
-        self.max_trials = _int_env("BAGUA_AUTOTUNE_MAX_TRIALS", 10)
-        self.max_seconds = _int_env("BAGUA_AUTOTUNE_MAX_SECONDS", 300)
-        self.output = os.environ.get("BAGUA_AUTOTUNE_OUTPUT", "bagua_autotune.json")
+        env = core.env()
+        self.warmup_steps = env.autotune_warmup_steps
+        self.window_steps = env.autotune_window_steps
+        self.max_trials = env.autotune_max_trials
+        self.max_seconds = env.autotune_max_seconds
+        self.output = env.autotune_output
         self.trials: List[dict] = []
         self.frozen = False
         self.best: Optional[dict] = None

@@ -88,11 +88,13 @@ class BaguaBucket:
         hierarchy = group.get_hierarchical_communicators() if hierarchical else None
         if compression is None:
             self.backend_bucket.append_centralized_synchronous_op(
-                group.get_bucket_communicator(), hierarchy, hierarchical, average, scattergather)
+                group.get_bucket_communicator(), hierarchy, core.CentralizedSynchronousOptions(
+                    hierarchical=hierarchical, average=average, scattergather=scattergather))
         else:
             _check_floating(self.dtype, "append_centralized_synchronous_op(compression='MinMaxUInt8')")
             self.backend_bucket.append_centralized_low_precision_op(
-                group.get_bucket_communicator(), hierarchy, hierarchical, average, error_feedback)
+                group.get_bucket_communicator(), hierarchy, core.CentralizedLowPrecisionOptions(
+                    hierarchical=hierarchical, average=average, error_feedback=error_feedback))
         return self
 
     def append_low_precision_decentralized_synchronous_op(
@@ -130,7 +132,8 @@ class BaguaBucket:
         views = [tensor_view(t, name, allow_cuda=True)
                  for t, name in zip(copies, ("weight", "left", "right"))]
         self.backend_bucket.append_low_precision_decentralized_op(
-            group.get_bucket_communicator(), hierarchy, *views, hierarchical)
+            group.get_bucket_communicator(), hierarchy, *views,
+            core.LowPrecisionDecentralizedOptions(hierarchical=hierarchical))
         self._keep_alive.extend(copies)
         return self
 
@@ -143,7 +146,8 @@ class BaguaBucket:
         ``copy_back_peer_weight(bucket)`` writes the average into the bucket."""
         if not isinstance(hierarchical, bool):
             raise InvalidArgumentError(f"hierarchical must be a bool, got {hierarchical!r}")
-        _check_peer_selection(peer_selection_mode, ("all", "shift_one", "ring"))
+        options = core.DecentralizedSynchronousOptions(
+            hierarchical=hierarchical, peer_selection=core.parse_peer_selection(peer_selection_mode))
         if isinstance(peer_weight, BaguaTensor):
             peer_weight = peer_weight.bagua_getter_closure()
         self._check_copy("peer_weight", peer_weight)
@@ -151,9 +155,9 @@ class BaguaBucket:
         hierarchy = group.get_hierarchical_communicators() if hierarchical else None
         op = self.backend_bucket.append_decentralized_synchronous_op(
             group.get_bucket_communicator(), hierarchy,
-            tensor_view(peer_weight, "peer_weight", allow_cuda=True), hierarchical, peer_selection_mode)
+            tensor_view(peer_weight, "peer_weight", allow_cuda=True), options)
         self._keep_alive.append(peer_weight)
-        return DecentralizedSynchronousOp(op, peer_weight)
+        return DecentralizedSynchronousOp(op)
 
     def append_asynchronous_model_average_op(self, peer_selection_mode: str = "all", group=None,
                                              sync_interval_ms: int = 500):
@@ -161,13 +165,13 @@ class BaguaBucket:
         in a background thread every ``sync_interval_ms``; returns the op
         (``lock_weight``, ``unlock_weight``, ``abort``, ``resume``, ``reset``,
         ``get_status``). The background rounds start when the op first runs."""
-        _check_peer_selection(peer_selection_mode, ("all",))
-        if not isinstance(sync_interval_ms, int) or isinstance(sync_interval_ms, bool) or sync_interval_ms < 0:
-            raise InvalidArgumentError(f"sync_interval_ms must be an integer >= 0, got {sync_interval_ms!r}")
+        if not isinstance(sync_interval_ms, int) or isinstance(sync_interval_ms, bool):
+            raise InvalidArgumentError(f"sync_interval_ms must be an integer, got {sync_interval_ms!r}")
+        options = core.AsyncModelAverageOptions(peer_selection=core.parse_peer_selection(peer_selection_mode),
+                                                sync_interval_ms=sync_interval_ms)
         group = _group_or_default(group)
-        op = self.backend_bucket.append_asynchronous_model_average_op(
-            group.new_dedicated_communicator(), peer_selection_mode, sync_interval_ms)
-        return op
+        return self.backend_bucket.append_asynchronous_model_average_op(
+            group.new_dedicated_communicator(), options)
 
     def _check_copy(self, what, tensor):
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != self.dtype or \
@@ -198,35 +202,22 @@ class BaguaBucket:
 class DecentralizedSynchronousOp:
     """Handle of a D_FP_S op (see append_decentralized_synchronous_op)."""
 
-    def __init__(self, op, peer_weight):
+    def __init__(self, op):
         self._op = op
-        self._peer_weight = peer_weight
 
     def copy_back_peer_weight(self, bucket: "BaguaBucket") -> None:
-        """Writes the average computed by the last execution into ``bucket``."""
-        if not self._peer_weight.is_cuda:
+        """Writes the average computed by the last execution into ``bucket``.
+        On a GPU the copy is enqueued on the current stream, after the
+        kernels that still read the weights; nobody waits on the host."""
+        if bucket.device.type == "cuda":
+            stream = torch.cuda.current_stream(bucket.device).cuda_stream
+            self._op.copy_back_peer_weight(bucket.backend_bucket, cuda_stream=stream)
+        else:
             self._op.copy_back_peer_weight(bucket.backend_bucket)
-            return
-        # On a GPU the copy runs on the current stream, after the kernels that
-        # still read the weights (the communication thread's result is
-        # complete once wait_pending_comm_ops returned).
-        offset = 0
-        with torch.no_grad():
-            for tensor in bucket.tensors:
-                registered = tensor.bagua_registered_tensor()
-                n = registered.numel()
-                registered.view(-1).copy_(self._peer_weight[offset:offset + n])
-                offset += n
 
     @property
     def communication_step(self) -> int:
         return self._op.communication_step
-
-
-def _check_peer_selection(mode, allowed):
-    if mode not in allowed:
-        raise InvalidArgumentError(
-            f"peer_selection_mode must be one of {', '.join(repr(a) for a in allowed)}, got {mode!r}")
 
 
 def _check_compression(compression, allow_none: bool):

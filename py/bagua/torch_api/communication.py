@@ -5,9 +5,10 @@ communicator (the group's, or the default group's: ``init_process_group``
 must have run), check the tensors and the root rank, check that the ranks
 all passed the same sizes and dtypes (one small allgather; disable with
 BAGUA_CHECK_COLLECTIVES=0: a mismatch is an ``InvalidArgumentError`` on
-every rank, never a hang), stage CUDA tensors through host memory where the
-backend needs it, and call the communicator's method of the same name. What
-is left in each primitive is what is particular to it.
+every rank, never a hang), pass the tensors as they are where the
+communicator reaches their memory (copying them to the host otherwise), and
+call the communicator's method of the same name. What is left in each
+primitive is what is particular to it.
 
 The process groups live in :mod:`bagua.torch_api.process_group`; this module
 re-exports them, since Bagua's users import both from here.
@@ -18,11 +19,11 @@ from typing import Optional
 
 import torch
 
-from bagua.torch_api import env
 from bagua.torch_api._core import (
     InvalidArgumentError,
     check_tensor,
     core,
+    device_name,
     dtype_name,
     tensor_view,
 )
@@ -79,39 +80,6 @@ def _resolve(comm) -> "core.Communicator":
     raise InvalidArgumentError(f"comm must be a BaguaProcessGroup or None, got {type(comm).__name__}")
 
 
-class _HostStaged:
-    """Views of tensors in host memory: CUDA tensors are copied to the host
-    before the call and the outputs copied back after it (host staging, as
-    for several processes sharing one GPU over Gloo)."""
-
-    def __init__(self, inputs, outputs, communicator=None):
-        self.inputs = inputs
-        self.outputs = outputs
-        # A communicator that reaches CUDA memory (NCCL) takes the tensors as
-        # they are, once the kernels producing them have finished.
-        self.direct = communicator is not None and communicator.backend_name.startswith("nccl")
-
-    def __enter__(self):
-        if self.direct:
-            for t in list(self.inputs) + list(self.outputs):
-                if t.is_cuda:
-                    torch.cuda.current_stream(t.device).synchronize()
-            return lambda t, what="tensor": tensor_view(t, what, allow_cuda=True)
-        self.host = {}
-        for t in list(self.inputs) + list(self.outputs):
-            if id(t) not in self.host:
-                self.host[id(t)] = t if t.device.type == "cpu" else t.detach().to("cpu")
-        return lambda t, what="tensor": tensor_view(self.host[id(t)], what)
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None and not self.direct:
-            for t in self.outputs:
-                staged = self.host[id(t)]
-                if staged is not t:
-                    t.copy_(staged)
-        return False
-
-
 class _Call:
     """One call of a primitive ``op``: the part every primitive shares.
 
@@ -119,7 +87,7 @@ class _Call:
     (keyword arguments, so errors name them as the user's signature does);
     the ``check_*`` methods are the preconditions primitives have in common;
     :meth:`run` verifies the call across ranks and runs
-    ``communicator.<op>(views..., *args)`` on host-staged views.
+    ``communicator.<op>(views..., *args)``.
     """
 
     def __init__(self, op: str, comm, **tensors):
@@ -168,12 +136,28 @@ class _Call:
         """Runs the op on ``inputs`` then ``outputs`` (views, in that order)
         and ``args``; first, unless ``verify`` is None, every rank checks that
         all passed a tensor of ``verify``'s size and dtype (and ``root``)."""
-        if verify is not None and env.check_collectives() and self.size > 1:
+        if verify is not None and core.env().check_collectives and self.size > 1:
             # A view of no memory: only its size and dtype are compared.
             shape = core.TensorView(0, verify.numel(), dtype_name(verify.dtype), "cpu")
             self.comm.verify_same_call(self.op, shape, root)
-        with _HostStaged(inputs, outputs, self.comm) as view:
-            getattr(self.comm, self.op)(*[view(t) for t in list(inputs) + list(outputs)], *args)
+        tensors = list(inputs) + list(outputs)
+        reached = {id(t): _reachable(self.comm, t) for t in tensors}
+        getattr(self.comm, self.op)(*[tensor_view(reached[id(t)], allow_cuda=True) for t in tensors], *args)
+        for t in outputs:
+            if reached[id(t)] is not t:
+                t.copy_(reached[id(t)])
+
+
+def _reachable(comm, tensor):
+    """``tensor`` itself where ``comm`` reaches its memory (``supports``: NCCL,
+    and Gloo in a CUDA build, which stages through pinned host memory in C++),
+    once the kernels producing it have finished; else a host copy (a CUDA
+    tensor with bagua built without CUDA), copied back after the call."""
+    if not comm.supports(device_name(tensor.device)):
+        return tensor.detach().to("cpu")
+    if tensor.is_cuda:
+        torch.cuda.current_stream(tensor.device).synchronize()
+    return tensor
 
 
 def allreduce(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None) -> None:

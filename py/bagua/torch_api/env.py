@@ -1,8 +1,8 @@
-"""The launcher's environment, read the way torchrun writes it.
+"""The launcher's environment, read the way torchrun writes it: RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (docs/environment.md).
 
-Variables (all documented in docs/environment.md):
-RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from
-the launcher; BAGUA_* for the runtime's own settings.
+The BAGUA_* variables are not read here: they are declared once in the C++
+runtime (include/bagua/core/env.h) and read through ``core.env()``.
 """
 
 import os
@@ -36,33 +36,3 @@ def get_local_size() -> int:
 
 def get_master_addr() -> str:
     return os.environ.get("MASTER_ADDR", "127.0.0.1")
-
-
-def get_default_bucket_size() -> int:
-    """Bucket size target in bytes (BAGUA_DEFAULT_BUCKET_SIZE, default 10 MiB)."""
-    return _int("BAGUA_DEFAULT_BUCKET_SIZE", 10 * 1024 * 1024)
-
-
-def get_comm_timeout_s() -> float:
-    """Seconds before a communication wait fails (BAGUA_COMM_TIMEOUT_S, default 300)."""
-    value = os.environ.get("BAGUA_COMM_TIMEOUT_S")
-    return float(value) if value else 300.0
-
-
-def get_backend() -> str:
-    """The communication backend (BAGUA_BACKEND): "gloo" (default; CPU tensors,
-    CUDA tensors of user calls staged through host memory) or "nccl" (CUDA
-    tensors, one rank per GPU)."""
-    import os
-
-    backend = os.environ.get("BAGUA_BACKEND", "gloo").lower()
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"BAGUA_BACKEND={backend!r}: expected 'gloo' or 'nccl'")
-    return backend
-
-
-def check_collectives() -> bool:
-    """Whether user-level collectives first check that every rank passed the same
-    sizes (BAGUA_CHECK_COLLECTIVES, default on): a mismatch is then an error on
-    every rank rather than a hang."""
-    return os.environ.get("BAGUA_CHECK_COLLECTIVES", "1") not in ("0", "false", "False")

@@ -130,7 +130,7 @@ def _gloo_address():
     interface = os.environ.get("GLOO_SOCKET_IFNAME", "")
     if interface:
         return interface, ""
-    hostname = os.environ.get("BAGUA_GLOO_HOSTNAME", "")
+    hostname = core.env().gloo_hostname
     if hostname:
         return "", hostname
     master = env.get_master_addr()
@@ -155,17 +155,18 @@ def _torch_store(world_size: int):
 
 
 def _connect(store, rank: int, world_size: int):
-    """The default group's communicator over ``store``, on BAGUA_BACKEND."""
+    """The default group's communicator over ``store``, on BAGUA_BACKEND
+    (the runtime applies BAGUA_COMM_TIMEOUT_S itself)."""
     prefixed = core.python_store(dist.PrefixStore("bagua", store))
-    if env.get_backend() == "nccl":
+    if core.env().backend == "nccl":
         reason = core.nccl_unavailable_reason()
         if reason:
             raise RuntimeError(f"BAGUA_BACKEND=nccl but NCCL cannot be used here: {reason}")
         return core.nccl_communicator(prefixed, rank, world_size, prefix="default",
-                                      device=get_local_rank(), timeout_s=env.get_comm_timeout_s())
+                                      device=get_local_rank())
     interface, hostname = _gloo_address()
     return core.gloo_communicator(prefixed, rank, world_size, prefix="default", interface_name=interface,
-                                  hostname=hostname, timeout_s=env.get_comm_timeout_s())
+                                  hostname=hostname)
 
 
 def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,

@@ -31,7 +31,6 @@ class BaguaTensor:
         self._setter = setter_closure or (lambda t, value: t.data.set_(value.data))
         self._registered: Optional[torch.Tensor] = None
         self._backend = None
-        self._ready_callback = None
 
     # -- what is communicated ---------------------------------------------
     def bagua_getter_closure(self) -> Optional[torch.Tensor]:
@@ -64,9 +63,8 @@ class BaguaTensor:
     def _register(self, registered: torch.Tensor) -> None:
         self._registered = registered
 
-    def _attach_backend(self, backend, ready_callback=None) -> None:
+    def _attach_backend(self, backend) -> None:
         self._backend = backend
-        self._ready_callback = ready_callback
 
     def _sync_registered(self) -> None:
         """Makes the registered memory hold the current data."""
@@ -88,8 +86,6 @@ class BaguaTensor:
                 "with with_bagua?)")
         self._sync_registered()
         registered = self.bagua_registered_tensor()
-        if self._ready_callback is not None:
-            self._ready_callback(self.name)
         if registered.is_cuda:
             # The runtime records an event on the producing stream and the
             # communication stream waits on it (on the device): nobody here

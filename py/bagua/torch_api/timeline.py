@@ -16,7 +16,6 @@ attribute for None.
 import argparse
 import atexit
 import json
-import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -29,7 +28,7 @@ _directory: Optional[Path] = None
 def get(rank: int):
     """This process's Timeline, or None when BAGUA_TIMELINE is unset."""
     global _timeline, _directory
-    directory = os.environ.get("BAGUA_TIMELINE")
+    directory = core.env().timeline
     if not directory:
         return None
     if _timeline is None:

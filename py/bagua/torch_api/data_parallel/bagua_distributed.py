@@ -9,13 +9,12 @@ the initial broadcast in :mod:`.state`.
 
 import itertools
 import json
-import os
 from typing import Dict, List, Optional
 
 import torch
 
 from bagua.torch_api import autotune as autotune_module
-from bagua.torch_api import env, timeline
+from bagua.torch_api import timeline
 from bagua.torch_api._core import InvalidArgumentError, core, log
 from bagua.torch_api.data_parallel import planning
 from bagua.torch_api.data_parallel.hooks import StepHooks
@@ -61,19 +60,16 @@ class BaguaDistributedDataParallel:
         self.process_group: BaguaProcessGroup = process_group or _get_default_group()
         self.do_flatten = do_flatten
         self.bagua_module_name = f"{type(module).__name__}_{next(_module_ids)}"
-        self.bucket_bytes = env.get_default_bucket_size()
-        if self.bucket_bytes <= 0:
-            raise InvalidArgumentError(f"BAGUA_DEFAULT_BUCKET_SIZE must be positive, got {self.bucket_bytes}")
+        self.bucket_bytes = core.env().default_bucket_size
 
         broadcast_states(self.module, self.optimizers, self.process_group)
         self.bagua_algorithm_impl = algorithm.reify(self.process_group)
         self._timeline = timeline.get(self.process_group.get_rank())
-        self._bagua_backend = core.Backend(self.process_group.get_rank(), env.get_comm_timeout_s(),
-                                           self._timeline)
+        # BAGUA_COMM_TIMEOUT_S is applied by the runtime.
+        self._bagua_backend = core.Backend(self.process_group.get_rank(), timeline=self._timeline)
         self.bagua_buckets = []
         self.bagua_tensors: List[BaguaTensor] = []
         self._tensors_by_name: Dict[str, BaguaTensor] = {}
-        self._marked = set()  # names marked ready this iteration
         self._profiled = False
         self._pending_order: Optional[List[str]] = None
         self.step_counter = 0
@@ -85,7 +81,7 @@ class BaguaDistributedDataParallel:
         """A saved plan (BAGUA_AUTOTUNE_PLAN) gives the bucket size and order;
         otherwise the autotuner starts, if enabled, and the order is the
         algorithm's until the first iteration has been profiled."""
-        plan_path = os.environ.get("BAGUA_AUTOTUNE_PLAN")
+        plan_path = core.env().autotune_plan
         if plan_path:
             plan = autotune_module.load_plan(plan_path)
             self.bucket_bytes = plan["bucket_bytes"]
@@ -124,10 +120,9 @@ class BaguaDistributedDataParallel:
         for bucket in self.bagua_buckets:
             impl.init_operations(self, bucket)
         for tensor in self.bagua_tensors:
-            tensor._attach_backend(self._bagua_backend, self._marked.add)
+            tensor._attach_backend(self._bagua_backend)
         planning.verify_same_buckets(self.bagua_buckets, self.process_group)
         self._bagua_backend.register_ordered_buckets([b.backend_bucket for b in self.bagua_buckets])
-        self._marked.clear()
         if self.process_group.get_rank() == 0:
             log("info", f"{self.bagua_module_name}: {len(self.bagua_buckets)} buckets "
                         f"({', '.join(str(len(b.tensors)) for b in self.bagua_buckets)} tensors), "
@@ -166,14 +161,11 @@ class BaguaDistributedDataParallel:
         """Marks, in bucket order, every tensor not marked this iteration (e.g.
         parameters that took no part in the loss), so every rank runs every
         bucket. A missing gradient is communicated as zeros."""
-        for bucket in self.bagua_buckets:
-            for tensor in bucket.tensors:
-                if tensor.name not in self._marked:
-                    tensor.bagua_mark_communication_ready()
+        for name in self._bagua_backend.unready_tensor_names():
+            self._tensors_by_name[name].bagua_mark_communication_ready()
 
     def wait_pending_comm_ops(self) -> None:
         self._bagua_backend.wait_pending_comm_ops()
-        self._marked.clear()
 
     def communication_stats(self) -> dict:
         """Per bucket: tensors, bytes, and per op its executions and seconds
