@@ -1,0 +1,253 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+"""Worker scenarios of test_compat_api.py (Bagua's API beyond the
+primitives), run on several processes by launcher.run_workers like
+workers.py. Each checks bagua against torch.distributed's Gloo collectives
+on the same process group, or against results computed in plain Python.
+
+Usage: compat_workers.py SCENARIO OUT_DIR [ARGS...]; each rank saves its
+results to OUT_DIR/rank{RANK}.pt.
+"""
+
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import bagua.torch_api as bagua
+from bagua.torch_api import communication as comm_api
+from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+
+
+def _save(results, rank, out_dir):
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def _capture(fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the test looks at what was raised
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _payload(rank, peer, count, dtype):
+    """What rank `rank` sends rank `peer` in the alltoall_v checks: known to all."""
+    return (torch.arange(count, dtype=torch.int64) + 1000 * rank + 100 * peer).to(dtype)
+
+
+def _count_matrix(world, seed):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 5, (world, world), generator=g)
+    counts[0, world - 1] = 0  # always one empty exchange
+    return counts.tolist()
+
+
+def _alltoall_v_checks(results, rank, world):
+    for dtype in (torch.float32, torch.int64, torch.float16):
+        counts = _count_matrix(world, seed=11)
+        # Contiguous layout: torch's all_to_all_single with split sizes is the reference.
+        send_counts = counts[rank]
+        recv_counts = [counts[i][rank] for i in range(world)]
+        send = torch.cat([_payload(rank, j, send_counts[j], dtype) for j in range(world)])
+        send_displs = [sum(send_counts[:j]) for j in range(world)]
+        recv_displs = [sum(recv_counts[:i]) for i in range(world)]
+        ours = torch.full((sum(recv_counts),), -1, dtype=dtype)
+        bagua.alltoall_v(send, send_counts, send_displs, ours, recv_counts, recv_displs)
+        ref = torch.full_like(ours, -1).to(torch.float64)
+        dist.all_to_all_single(ref, send.to(torch.float64), recv_counts, send_counts)
+        results[f"alltoall_v/contiguous/{dtype}"] = (ours, ref.to(dtype))
+
+        # Gaps, reversed order and larger capacities than needed: plain Python reference.
+        send_displs = [3 * sum(send_counts[j + 1:]) + 2 for j in range(world)]
+        send = torch.full((3 * sum(send_counts) + 10,), -7, dtype=dtype)
+        for j in range(world):
+            send[send_displs[j]:send_displs[j] + send_counts[j]] = _payload(rank, j, send_counts[j], dtype)
+        capacity = [c + 2 for c in recv_counts]
+        recv_displs = [sum(capacity[:i]) + i for i in range(world)]
+        ours = torch.full((sum(capacity) + world,), -1, dtype=dtype)
+        bagua.alltoall_v(send, send_counts, send_displs, ours, capacity, recv_displs)
+        expected = torch.full_like(ours, -1)
+        for i in range(world):
+            expected[recv_displs[i]:recv_displs[i] + recv_counts[i]] = _payload(i, rank, recv_counts[i], dtype)
+        results[f"alltoall_v/gaps/{dtype}"] = (ours, expected)
+
+    # In place: counts symmetric (what rank r sends j equals what j sends r).
+    counts = _count_matrix(world, seed=5)
+    sym = [[max(counts[i][j], counts[j][i]) for j in range(world)] for i in range(world)]
+    mine = sym[rank]
+    displs = [sum(mine[:j]) for j in range(world)]
+    tensor = torch.cat([_payload(rank, j, mine[j], torch.float32) for j in range(world)])
+    comm_api.alltoall_v_inplace(tensor, mine, displs)
+    expected = torch.cat([_payload(i, rank, sym[i][rank], torch.float32) for i in range(world)])
+    results["alltoall_v_inplace"] = (tensor, expected)
+
+    # The communicator's methods take the same arguments.
+    tensor = torch.cat([_payload(rank, j, mine[j], torch.float32) for j in range(world)])
+    bagua.communication._get_default_group().get_global_communicator().alltoall_v_inplace(tensor, mine, displs)
+    results["comm.alltoall_v_inplace"] = (tensor, expected)
+
+    # Everything is empty: nothing moves, nothing fails.
+    zeros = [0] * world
+    empty = torch.empty(0)
+    bagua.alltoall_v(empty, zeros, zeros, empty, zeros, zeros)
+
+    # Rank world-1 sends rank 0 one element more than rank 0 can take: the
+    # same error on every rank, and nobody hangs.
+    send_counts = counts[rank][:]
+    capacities = [counts[i][rank] for i in range(world)]
+    if rank == world - 1:
+        send_counts[0] += 1
+    send, recv = torch.zeros(sum(send_counts)), torch.zeros(sum(capacities))
+    results["alltoall_v/error"] = _capture(
+        bagua.alltoall_v, send, send_counts, [sum(send_counts[:j]) for j in range(world)],
+        recv, capacities, [sum(capacities[:i]) for i in range(world)])
+
+
+def scenario_communication(out_dir):
+    """Bagua's collectives beyond the primitives, against torch.distributed."""
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    results = {}
+    _alltoall_v_checks(results, rank, world)
+
+    # gather_inplace / scatter_inplace against torch's gather / scatter.
+    for root in sorted({0, world - 1}):
+        count = 3
+        mine = torch.arange(count, dtype=torch.float32) + 10 * rank
+        if rank == root:
+            tensor = torch.full((world * count,), -1.0)
+            tensor[root * count:(root + 1) * count] = mine
+        else:
+            tensor = mine.clone()
+        bagua.gather_inplace(tensor, count, root)
+        gathered = [torch.empty(count) for _ in range(world)] if rank == root else None
+        dist.gather(mine, gathered, dst=root)
+        if rank == root:
+            results[f"gather_inplace/{root}"] = (tensor, torch.cat(gathered))
+        else:
+            results[f"gather_inplace/{root}"] = (tensor, mine)
+
+        full = torch.arange(world * count, dtype=torch.float32) * (root + 1)
+        tensor = full.clone() if rank == root else torch.full((count,), -1.0)
+        bagua.scatter_inplace(tensor, count, root)
+        ref = torch.empty(count)
+        dist.scatter(ref, list(full.chunk(world)) if rank == root else None, src=root)
+        results[f"scatter_inplace/{root}"] = ((tensor if rank != root else tensor[root * count:(root + 1) * count]),
+                                              ref)
+        if rank == root:
+            results[f"scatter_inplace/{root}/rest"] = (tensor, full)
+
+    # Coalesced collectives, mixed dtypes and shapes.
+    def mixed():
+        g = torch.Generator().manual_seed(rank)
+        return [torch.randint(0, 9, (2, 3), generator=g).float(), torch.randint(0, 9, (5,), generator=g),
+                torch.randint(0, 9, (4,), generator=g).double(), torch.randint(0, 9, (1, 1), generator=g).float()]
+
+    tensors = mixed()
+    comm_api.allreduce_coalesced_inplace(tensors, op=bagua.ReduceOp.SUM)
+    for i, ref in enumerate(mixed()):
+        dist.all_reduce(ref)
+        results[f"allreduce_coalesced_inplace/{i}"] = (tensors[i], ref)
+    tensors = mixed()
+    comm_api.allreduce_coalesced_inplace(tensors, op=bagua.ReduceOp.MAX)
+    for i, ref in enumerate(mixed()):
+        dist.all_reduce(ref, op=dist.ReduceOp.MAX)
+        results[f"allreduce_coalesced_inplace/max/{i}"] = (tensors[i], ref)
+    src = world - 1
+    tensors = mixed()
+    comm_api.broadcast_coalesced(tensors, src=src)
+    for i, ref in enumerate(mixed()):
+        dist.broadcast(ref, src=src)
+        results[f"broadcast_coalesced/{i}"] = (tensors[i], ref)
+
+    # broadcast_object against torch's broadcast_object_list.
+    obj = {"rank": rank, "state": {"step": 3 * rank, "t": torch.arange(4) * rank}, "name": "x" * (rank + 1)}
+    ours = comm_api.broadcast_object(obj, src=src)
+    ref = [obj]
+    dist.broadcast_object_list(ref, src=src)
+    results["broadcast_object"] = (ours, ref[0])
+    results["broadcast_object/none"] = (comm_api.broadcast_object(None if rank else [1, 2], 0), [1, 2])
+
+    # The communicator object as Bagua's users call it.
+    group = comm_api._get_default_group()
+    comm = group.get_global_communicator()
+    results["comm.rank()"] = (comm.rank(), rank)
+    results["comm.rank"] = (comm.rank == rank and comm.rank + 0 == rank, True)
+    results["comm.nranks()"] = (comm.nranks(), world)
+    x = torch.arange(6, dtype=torch.float32) * (rank + 1)
+    comm.allreduce_inplace(x, 10)  # Bagua passes the op as an int: 10 is AVG
+    ref = torch.arange(6, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(ref)
+    results["comm.allreduce_inplace/avg"] = (x, ref / world)
+    x = torch.arange(6, dtype=torch.float32) * (rank + 1)
+    comm.allreduce_inplace(x, bagua.ReduceOp.MAX)
+    results["comm.allreduce_inplace/max"] = (x, torch.arange(6, dtype=torch.float32) * world)
+    x = torch.arange(6, dtype=torch.float32) * (rank + 1)
+    comm.allreduce_inplace(x.ensure_bagua_tensor("x"))  # a BaguaTensor: its current value
+    results["comm.allreduce_inplace/bagua_tensor"] = (x, ref)
+
+    # CommMember: WORLD is the default group; NON_COMM_MEMBER makes the calls no-ops.
+    x = torch.ones(3) * rank
+    bagua.allreduce_inplace(x, comm=comm_api.CommMember.WORLD)
+    results["CommMember.WORLD"] = (x, torch.ones(3) * sum(range(world)))
+    results["CommMember.WORLD.get_rank"] = (comm_api.CommMember.WORLD.get_rank(), rank)
+    x = torch.ones(3)
+    comm_api.allreduce_coalesced_inplace([x], comm=comm_api.CommMember.NON_COMM_MEMBER)
+    comm_api.alltoall_v_inplace(x, [1] * world, [0] * world, comm=comm_api.CommMember.NON_COMM_MEMBER)
+    results["CommMember.NON_COMM_MEMBER"] = (x, torch.ones(3))
+
+    # get_backend: one backend per model name.
+    backend = bagua.get_backend("model_a")
+    results["get_backend"] = ((backend is bagua.get_backend("model_a"), backend is not bagua.get_backend("b"),
+                               backend.model_name), (True, True, "model_a"))
+
+    _save(results, rank, out_dir)
+
+
+def scenario_torch_groups(out_dir):
+    """from_torch_group: a torch.distributed group as a bagua group."""
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    results = {}
+
+    default = comm_api.from_torch_group(None)
+    x = torch.ones(2) * (rank + 1)
+    bagua.allreduce_inplace(x, comm=default)
+    results["default"] = (x, torch.ones(2) * sum(range(1, world + 1)))
+
+    evens = [r for r in range(world) if r % 2 == 0]
+    torch_evens = dist.new_group(evens)
+    group = comm_api.from_torch_group(torch_evens)
+    if rank in evens:
+        x = torch.arange(3, dtype=torch.float32) + rank
+        bagua.allreduce_inplace(x, comm=group)
+        ref = torch.arange(3, dtype=torch.float32) + rank
+        dist.all_reduce(ref, group=torch_evens)
+        results["evens"] = (x, ref)
+        results["evens/ranks"] = (group.ranks, evens)
+    else:
+        results["evens/non_member"] = (group, None)
+
+    # Each rank passes the half it is in (torch creates both on every rank).
+    half = (world + 1) // 2
+    halves = [list(range(half)), list(range(half, world))]
+    torch_halves = [dist.new_group(h) if h else None for h in halves]
+    mine = 0 if rank < half else 1
+    group = comm_api.from_torch_group(torch_halves[mine])
+    x = torch.ones(4) * (rank + 1)
+    bagua.allreduce_inplace(x, comm=group)
+    ref = torch.ones(4) * (rank + 1)
+    dist.all_reduce(ref, group=torch_halves[mine])
+    results["halves"] = (x, ref)
+    results["halves/ranks"] = (group.ranks, halves[mine])
+    _save(results, rank, out_dir)
+
+
+if __name__ == "__main__":
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])
