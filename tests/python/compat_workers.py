@@ -248,6 +248,175 @@ def scenario_torch_groups(out_dir):
     _save(results, rank, out_dir)
 
 
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(12, 23)
+        self.fc2 = torch.nn.Linear(23, 9)
+        self.fc3 = torch.nn.Linear(9, 4)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+class PartlyUsed(torch.nn.Module):
+    """Bagua's find_unused_parameters test module: fc3 is returned, not used."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(2, 10, bias=False)
+        self.fc2 = torch.nn.Linear(10, 4, bias=False)
+        self.fc3 = torch.nn.Linear(4, 4, bias=False)
+
+    def forward(self, x):
+        return F.softmax(torch.relu(self.fc2(torch.relu(self.fc1(x)))), dim=1), self.fc3
+
+
+def _batches(rank, steps, features=12, classes=4, batch=8):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(batch, features, generator=g), torch.randint(0, classes, (batch,), generator=g))
+            for _ in range(steps)]
+
+
+def _model_and_optimizer(kind, cls=Net):
+    torch.manual_seed(3)
+    model = cls()
+    if kind == "sgd":
+        return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if kind == "plain_sgd":
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def _train(net, opt, data, sync_every=1, unpack=lambda out: out):
+    """Steps the optimizer every `sync_every` batches; the batches between
+    only accumulate gradients inside no_sync."""
+    for i, (x, y) in enumerate(data):
+        last = (i + 1) % sync_every == 0
+        if last:
+            F.cross_entropy(unpack(net(x)), y).backward()
+            opt.step()
+            opt.zero_grad()
+        else:
+            with net.no_sync():
+                F.cross_entropy(unpack(net(x)), y).backward()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def scenario_ddp(out_dir):
+    """data_parallel.DistributedDataParallel against torch's DDP."""
+    from bagua.torch_api.data_parallel import DistributedDataParallel
+
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    data = _batches(rank, steps=9)
+    results = {}
+    for kind in ("sgd", "adam"):
+        for sync_every in (1, 3):
+            model, opt = _model_and_optimizer(kind)
+            ref = _train(torch.nn.parallel.DistributedDataParallel(model), opt, data, sync_every)
+            for view in (True, False):
+                model, opt = _model_and_optimizer(kind)
+                net = DistributedDataParallel(model, optimizers=[opt], algorithm=GradientAllReduceAlgorithm(),
+                                              gradient_as_bucket_view=view)
+                results[f"{kind}/sync_every{sync_every}/view{view}"] = (_train(net, opt, data, sync_every), ref)
+
+    # Inside no_sync gradients stay local, as in torch's DDP (ranks differ).
+    grads = []
+    for make in (lambda m, o: torch.nn.parallel.DistributedDataParallel(m),
+                 lambda m, o: DistributedDataParallel(m, optimizers=[o])):
+        model, opt = _model_and_optimizer("sgd")
+        net = make(model, opt)
+        x, y = data[0]
+        with net.no_sync():
+            F.cross_entropy(net(x), y).backward()
+        grads.append(model.fc1.weight.grad.clone())
+    results["no_sync/local_grad"] = (grads[1], grads[0])
+
+    # A torch.distributed group as process_group, the default algorithm.
+    model, opt = _model_and_optimizer("sgd")
+    torch_group = dist.new_group(list(range(world)))
+    ref = _train(torch.nn.parallel.DistributedDataParallel(model, process_group=torch_group), opt, data)
+    model, opt = _model_and_optimizer("sgd")
+    net = DistributedDataParallel(model, process_group=torch_group, optimizers=[opt])
+    results["torch_group"] = (_train(net, opt, data), ref)
+
+    # The wrapper's and the engine's attributes, as Bagua's users read them.
+    results["attributes"] = (
+        (net.bagua_optimizers == [opt], net.inner.bagua_optimizers == [opt],
+         net.inner.bagua_module_name == model._bagua_module_name, model._bagua_module_name.startswith(
+             "DistributedDataParallel_V1_9_0_"), type(net.bagua_algorithm).__name__, len(net.bagua_buckets) > 0,
+         all(k.startswith("module.") for k in net.state_dict()), net.require_backward_grad_sync,
+         net.inner.bagua_train_step_counter, sorted(n for n, _ in net.inner.bagua_build_params())),
+        (True, True, True, True, "GradientAllReduceAlgorithmImpl", True, True, True, len(data),
+         sorted(n for n, _ in model.named_parameters())))
+
+    # Parameters to ignore: bagua and torch leave them local alike.
+    model, opt = _model_and_optimizer("plain_sgd")
+    model._ddp_params_and_buffers_to_ignore = ["fc3.bias"]
+    ref = _train(torch.nn.parallel.DistributedDataParallel(model), opt, data)
+    model, opt = _model_and_optimizer("plain_sgd")
+    model._ddp_params_and_buffers_to_ignore = ["fc3.bias"]
+    net = DistributedDataParallel(model, optimizers=[opt])
+    results["ignored"] = (_train(net, opt, data), ref)
+    results["ignored/names"] = (net.parameters_to_ignore, ["fc3.bias"])
+    results["ignored/build_params"] = ("fc3.bias" in dict(net.inner.bagua_build_params()), False)
+
+    # find_unused_parameters, as Bagua's own test has it; and training with
+    # an unused parameter equals torch's DDP.
+    pdata = [(x[:, :2].contiguous(), y) for x, y in data]
+    for find in (True, False):
+        model, opt = _model_and_optimizer("plain_sgd", PartlyUsed)
+        net = DistributedDataParallel(model, optimizers=[opt], find_unused_parameters=find)
+        names_before = sorted(n for n, _ in net.inner.bagua_build_params())
+        params = _train(net, opt, pdata, unpack=lambda out: out[0])
+        results[f"find_unused/{find}/names"] = (
+            (names_before, sorted(n for n, _ in net.inner.bagua_build_params())),
+            (["fc1.weight", "fc2.weight", "fc3.weight"],
+             ["fc1.weight", "fc2.weight"] + ([] if find else ["fc3.weight"])))
+        model, opt = _model_and_optimizer("plain_sgd", PartlyUsed)
+        ref = _train(torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True), opt, pdata,
+                     unpack=lambda out: out[0])
+        results[f"find_unused/{find}/train"] = (params, ref)
+
+    # Arguments bagua does not implement: torch's DDP, with a warning.
+    model, _ = _model_and_optimizer("sgd")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fallback = DistributedDataParallel(model, broadcast_buffers=False)
+    results["fallback"] = ((type(fallback).__name__, any("fallback" in str(w.message) for w in caught)),
+                           ("DistributedDataParallel", True))
+    results["fallback/is_torch"] = (isinstance(fallback, torch.nn.parallel.DistributedDataParallel), True)
+    _save(results, rank, out_dir)
+
+
+def scenario_functional(out_dir):
+    """data_parallel.functional.all_reduce: value and gradient."""
+    from bagua.torch_api.data_parallel import functional
+
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    results = {}
+    x = (torch.arange(5, dtype=torch.float64) + rank).requires_grad_()
+    y = functional.all_reduce(x * (rank + 1))
+    ref = (torch.arange(5, dtype=torch.float64) + rank) * (rank + 1)
+    dist.all_reduce(ref)
+    results["value"] = (y.detach(), ref)
+    weights = torch.arange(5, dtype=torch.float64) * (rank + 2)
+    (y * weights).sum().backward()
+    # d/dx_r sum_q <w_q, sum_p (p+1) x_p> = (r+1) * sum_q w_q
+    total = sum(torch.arange(5, dtype=torch.float64) * (q + 2) for q in range(world))
+    results["grad"] = (x.grad, (rank + 1) * total)
+    x2 = torch.tensor([float(rank)], requires_grad=True)
+    m = functional.all_reduce(x2, op=dist.ReduceOp.MAX, group=dist.group.WORLD)
+    results["max"] = (m.detach(), torch.tensor([float(world - 1)]))
+    group = dist.new_group(list(range(world)))
+    s = functional.all_reduce(torch.ones(2), group=group)
+    results["torch_group"] = (s, torch.full((2,), float(world)))
+    results["error"] = (_capture(functional.all_reduce, torch.ones(1), dist.ReduceOp.PRODUCT) is not None, True)
+    _save(results, rank, out_dir)
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

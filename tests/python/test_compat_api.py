@@ -217,3 +217,32 @@ def test_api_names_are_exported():
     for name in ("get_backend", "alltoall_v", "alltoall_v_inplace", "gather_inplace", "scatter_inplace"):
         assert getattr(bagua, name) is getattr(communication, name)
     assert bagua.utils.flatten and bagua.communication is communication and bagua.data_parallel
+
+
+# -- bagua.torch_api.data_parallel -------------------------------------------------------
+def assert_close_pairs(results):
+    for rank, result in enumerate(results):
+        for key, (ours, reference) in result.items():
+            if isinstance(ours, list) and ours and isinstance(ours[0], torch.Tensor):
+                assert len(ours) == len(reference), f"rank {rank} {key}"
+                for a, b in zip(ours, reference):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {key}")
+            elif isinstance(ours, torch.Tensor):
+                torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {key}")
+            else:
+                assert _same(ours, reference), f"rank {rank} {key}: {ours!r} != {reference!r}"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_distributed_data_parallel_equals_torch_ddp(world_size, tmp_path):
+    results = run_compat("ddp", world_size, tmp_path, extra_env={"BAGUA_DEFAULT_BUCKET_SIZE": "1000"})
+    assert "sgd/sync_every3/viewFalse" in results[0] and "find_unused/True/train" in results[0]
+    assert_close_pairs(results)
+    if world_size > 1:  # the ignored parameter really stayed local (ranks differ)
+        assert not torch.equal(results[0]["ignored"][0][-1], results[1]["ignored"][0][-1])
+        assert not torch.equal(results[0]["no_sync/local_grad"][0], results[1]["no_sync/local_grad"][0])
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_functional_all_reduce_value_and_gradient(world_size, tmp_path):
+    assert_pairs(run_compat("functional", world_size, tmp_path))
