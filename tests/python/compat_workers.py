@@ -417,6 +417,107 @@ def scenario_functional(out_dir):
     _save(results, rank, out_dir)
 
 
+def _bn_inputs(rank, shape_tail=(4, 3, 2)):
+    """Rank `rank`'s input: its own batch size, known to every rank."""
+    g = torch.Generator().manual_seed(50 + rank)
+    return torch.randn(3 + rank, *shape_tail, generator=g, dtype=torch.float64) * (rank + 1) + rank
+
+
+def _upstream(rank, like):
+    g = torch.Generator().manual_seed(90 + rank)
+    return torch.randn(like.shape, generator=g, dtype=like.dtype)
+
+
+def scenario_sync_bn(out_dir):
+    """SyncBatchNorm against BatchNorm over every rank's inputs together
+    (one process, plain torch): outputs, input/weight/bias gradients,
+    running statistics over two steps, eval mode."""
+    from bagua.torch_api.contrib import SyncBatchNorm
+
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    results = {}
+    for momentum in (0.1, None):
+        for tail in ((4, 3, 2), (4,)):
+            key = f"momentum{momentum}/dims{len(tail) + 1}"
+            torch.manual_seed(0)
+            bn = torch.nn.BatchNorm2d(4, momentum=momentum) if len(tail) == 3 else torch.nn.BatchNorm1d(
+                4, momentum=momentum)
+            with torch.no_grad():
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.uniform_(-1, 1)
+            bn = bn.double()
+            ref = __import__("copy").deepcopy(bn)
+            sync = SyncBatchNorm.convert_sync_batchnorm(bn)
+            for step in range(2):
+                x = (_bn_inputs(rank, tail) + step).requires_grad_()
+                out = sync(x)
+                (out * _upstream(rank, out)).sum().backward()
+                xs = [(_bn_inputs(r, tail) + step).requires_grad_() for r in range(world)]
+                ref_out = ref(torch.cat(xs))
+                upstream = torch.cat([_upstream(r, x) for r, x in enumerate(xs)])
+                (ref_out * upstream).sum().backward()
+                start = sum(3 + r for r in range(rank))
+                results[f"{key}/out{step}"] = (out.detach(), ref_out[start:start + x.shape[0]].detach())
+                results[f"{key}/input_grad{step}"] = (x.grad, xs[rank].grad)
+            # weight/bias: each rank its own part; summed over ranks, the whole batch's
+            grads = torch.cat([sync.weight.grad, sync.bias.grad])
+            dist.all_reduce(grads)
+            results[f"{key}/param_grads"] = (grads, torch.cat([ref.weight.grad, ref.bias.grad]))
+            results[f"{key}/running"] = (torch.cat([sync.running_mean, sync.running_var]),
+                                         torch.cat([ref.running_mean, ref.running_var]))
+            results[f"{key}/tracked"] = (sync.num_batches_tracked, ref.num_batches_tracked)
+            sync.eval()
+            ref.eval()
+            x = _bn_inputs(rank, tail)
+            results[f"{key}/eval"] = (sync(x).detach(), ref(x).detach())
+    results["converted"] = (type(sync).__name__, "SyncBatchNorm")
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    model[1].eval()
+    converted = SyncBatchNorm.convert_sync_batchnorm(model)
+    results["converted/nested"] = ((type(converted[1]).__name__, converted[1].training,
+                                    converted[1].weight is model[1].weight), ("SyncBatchNorm", False, True))
+    _save(results, rank, out_dir)
+
+
+def scenario_sync_bn_ddp(out_dir):
+    """A model with SyncBatchNorm trained with DistributedDataParallel equals
+    one process training BatchNorm on the global batch with the loss divided
+    by the world size (DDP averages the ranks' gradients)."""
+    from bagua.torch_api.contrib import SyncBatchNorm
+    from bagua.torch_api.data_parallel import DistributedDataParallel
+
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+
+    def make():
+        torch.manual_seed(1)
+        return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                                   torch.nn.Linear(8, 3)).double()
+
+    def batch(r, step):
+        g = torch.Generator().manual_seed(1000 * step + r)
+        return torch.randn(5, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (5,), generator=g)
+
+    model = SyncBatchNorm.convert_sync_batchnorm(make())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    net = DistributedDataParallel(model, optimizers=[opt])
+    ref = make()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(4):
+        x, y = batch(rank, step)
+        F.cross_entropy(net(x), y, reduction="sum").backward()
+        opt.step()
+        opt.zero_grad()
+        xs, ys = zip(*[batch(r, step) for r in range(world)])
+        (F.cross_entropy(ref(torch.cat(xs)), torch.cat(ys), reduction="sum") / world).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    results = {"params": ([p.detach() for p in model.parameters()], [p.detach() for p in ref.parameters()]),
+               "buffers": ([b for b in model.buffers()], [b for b in ref.buffers()])}
+    _save(results, rank, out_dir)
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -246,3 +246,163 @@ def test_distributed_data_parallel_equals_torch_ddp(world_size, tmp_path):
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_functional_all_reduce_value_and_gradient(world_size, tmp_path):
     assert_pairs(run_compat("functional", world_size, tmp_path))
+
+
+# -- bagua.torch_api.contrib ---------------------------------------------------------------
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_sync_batchnorm_equals_batchnorm_on_the_global_batch(world_size, tmp_path):
+    results = run_compat("sync_bn", world_size, tmp_path)
+    assert "momentumNone/dims4/input_grad1" in results[0]
+    assert_close_pairs(results)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sync_batchnorm_trains_with_distributed_data_parallel(world_size, tmp_path):
+    assert_close_pairs(run_compat("sync_bn_ddp", world_size, tmp_path))
+
+
+def _dataset(costs):
+    from torch.utils.data import TensorDataset
+
+    return TensorDataset(torch.arange(len(costs)), torch.tensor(costs))
+
+
+def test_load_balancing_sampler_bagua_cases():
+    """Bagua's own two sampler tests."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from bagua.torch_api.contrib import LoadBalancingDistributedBatchSampler, LoadBalancingDistributedSampler
+
+    n = 10
+    dataset = TensorDataset(torch.randn(n, 2), torch.randperm(n))
+    sampler = LoadBalancingDistributedSampler(dataset, complexity_fn=lambda x: x[1], num_replicas=1, rank=0,
+                                              shuffle=False)
+    for i, data in enumerate(DataLoader(dataset, batch_size=1, sampler=sampler)):
+        assert i == data[1].item()
+
+    total_batch = 5
+    n = sum(i + 1 for i in range(total_batch))
+    dataset = TensorDataset(torch.randn(n, 2), torch.randperm(n))
+
+    def growing_batches(indices):
+        batch, size = [], 1
+        for i in indices:
+            batch.append(i)
+            if len(batch) == size:
+                yield batch
+                batch, size = [], size + 1
+        if batch:
+            yield batch
+
+    sampler = LoadBalancingDistributedSampler(dataset, complexity_fn=lambda x: x[1], num_replicas=1, rank=0,
+                                              shuffle=False)
+    batch_sampler = LoadBalancingDistributedBatchSampler(sampler, batch_fn=lambda x: list(growing_batches(x)))
+    cur = 0
+    for i, data in enumerate(DataLoader(dataset, batch_sampler=batch_sampler)):
+        assert data[0].shape[0] == i + 1 and data[1][0].item() == cur
+        cur += data[0].shape[0]
+    assert len(batch_sampler) == total_batch
+
+
+def _reference_unshuffled(costs, replicas, rank, drop_last=False):
+    """The documented split without shuffling: sort by cost, cut into chunks
+    of `replicas`, wrap around to fill, rank r takes the r-th of each chunk."""
+    order = sorted(range(len(costs)), key=lambda i: (costs[i], i))
+    if drop_last and len(costs) % replicas:
+        per_rank = math.ceil((len(costs) - replicas) / replicas)
+    else:
+        per_rank = math.ceil(len(costs) / replicas)
+    wrapped = [order[i % len(order)] for i in range(per_rank * replicas)]
+    return [wrapped[c * replicas + rank] for c in range(per_rank)]
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 5])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_load_balancing_sampler_split(replicas, drop_last):
+    from bagua.torch_api.contrib import LoadBalancingDistributedSampler
+
+    g = torch.Generator().manual_seed(replicas)
+    costs = torch.randint(0, 50, (23,), generator=g).tolist()
+    dataset = _dataset(costs)
+    cost = lambda sample: int(sample[1])  # noqa: E731
+    unshuffled = [list(LoadBalancingDistributedSampler(dataset, cost, replicas, r, shuffle=False,
+                                                       drop_last=drop_last)) for r in range(replicas)]
+    for r in range(replicas):
+        assert unshuffled[r] == _reference_unshuffled(costs, replicas, r, drop_last)
+    for epoch in (0, 1):
+        samplers = [LoadBalancingDistributedSampler(dataset, cost, replicas, r, seed=4, drop_last=drop_last)
+                    for r in range(replicas)]
+        for s in samplers:
+            s.set_epoch(epoch)
+        per_rank = [list(s) for s in samplers]
+        assert all(len(p) == len(samplers[0]) == samplers[0].num_samples for p in per_rank)
+        # step by step the ranks hold one chunk of the cost order (which
+        # wraps around to pad): with random_level 0, neighbouring costs
+        cyclic = sorted(costs) * 2
+        for step in zip(*per_rank):
+            step_costs = sorted(costs[i] for i in step)
+            assert any(sorted(cyclic[k:k + replicas]) == step_costs for k in range(len(costs)))
+        if not drop_last:
+            assert set().union(*map(set, per_rank)) == set(range(len(costs)))
+        # same seed and epoch: same order, whichever object computes it
+        again = LoadBalancingDistributedSampler(dataset, cost, replicas, 0, seed=4, drop_last=drop_last)
+        again.set_epoch(epoch)
+        assert list(again) == per_rank[0]
+    first = LoadBalancingDistributedSampler(dataset, cost, replicas, 0, seed=4)
+    second = LoadBalancingDistributedSampler(dataset, cost, replicas, 0, seed=4)
+    second.set_epoch(1)
+    assert list(first) != list(second) or len(first) < 3
+
+
+def test_load_balancing_sampler_random_level_and_errors():
+    from bagua.torch_api.contrib import LoadBalancingDistributedBatchSampler, LoadBalancingDistributedSampler
+
+    costs = list(range(40))
+    dataset = _dataset(costs)
+    cost = lambda sample: int(sample[1])  # noqa: E731
+    tight = LoadBalancingDistributedSampler(dataset, cost, 2, 0, random_level=0)
+    loose = LoadBalancingDistributedSampler(dataset, cost, 2, 0, random_level=1)
+    assert tight.random_number == 1 and loose.random_number == 40
+    assert sorted(loose) != sorted(tight) or list(loose) != list(tight)
+    with pytest.raises(ValueError):
+        LoadBalancingDistributedSampler(dataset, cost, 2, 2)
+    with pytest.raises(ValueError):
+        LoadBalancingDistributedSampler(dataset, cost, 2, 0, random_level=1.5)
+    with pytest.raises(ValueError):
+        LoadBalancingDistributedBatchSampler(LoadBalancingDistributedSampler(dataset, cost, 2, 0, drop_last=True),
+                                             batch_fn=lambda idx: [idx])
+    with pytest.raises(ValueError):
+        LoadBalancingDistributedBatchSampler(object(), batch_fn=lambda idx: [idx])
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_load_balancing_batch_sampler_pads_or_drops(drop_last):
+    from bagua.torch_api.contrib import LoadBalancingDistributedBatchSampler, LoadBalancingDistributedSampler
+
+    costs = list(range(30))
+    dataset = _dataset(costs)
+    cost = lambda sample: int(sample[1])  # noqa: E731
+
+    def batch_fn(indices):  # batches of at most 10 cost units: cheap ranks get fewer batches
+        batches, batch, load = [], [], 0
+        for i in indices:
+            if batch and load + costs[i] > 10:
+                batches.append(batch)
+                batch, load = [], 0
+            batch.append(i)
+            load += costs[i]
+        return batches + ([batch] if batch else [])
+
+    replicas = 3
+    samplers = [LoadBalancingDistributedBatchSampler(
+        LoadBalancingDistributedSampler(dataset, cost, replicas, r, shuffle=False), batch_fn, drop_last)
+        for r in range(replicas)]
+    own = [batch_fn(list(s.sampler)) for s in samplers]
+    expected = min(map(len, own)) if drop_last else max(map(len, own))
+    assert len({len(b) for b in own}) > 1  # the case is uneven
+    for s, batches in zip(samplers, own):
+        got = list(s)
+        assert len(s) == len(got) == expected
+        assert got == [batches[i % len(batches)] for i in range(expected)]
+    samplers[0].set_epoch(3)
+    assert samplers[0].sampler.epoch == 3 and len(list(samplers[0])) == len(samplers[0])

@@ -53,4 +53,4 @@ from bagua.torch_api.communication import (  # noqa: F401,E402
     get_backend,
     scatter_inplace,
 )
-from bagua.torch_api import communication, data_parallel, utils  # noqa: F401,E402
+from bagua.torch_api import communication, contrib, data_parallel, utils  # noqa: F401,E402
