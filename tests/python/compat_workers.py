@@ -189,7 +189,7 @@ def scenario_communication(out_dir):
     results["comm.allreduce_inplace/max"] = (x, torch.arange(6, dtype=torch.float32) * world)
     x = torch.arange(6, dtype=torch.float32) * (rank + 1)
     comm.allreduce_inplace(x.ensure_bagua_tensor("x"))  # a BaguaTensor: its current value
-    results["comm.allreduce_inplace/bagua_tensor"] = (x, ref)
+    results["comm.allreduce_inplace/bagua_tensor"] = (x.clone(), ref)  # torch 2 pickles x's BaguaTensor
 
     # CommMember: WORLD is the default group; NON_COMM_MEMBER makes the calls no-ops.
     x = torch.ones(3) * rank

@@ -81,6 +81,15 @@ def _communicator(comm):
         f"comm must be a BaguaProcessGroup, a communicator, CommMember.WORLD or None, got {type(comm).__name__}")
 
 
+def _control_device(communicator) -> torch.device:
+    """Where the small tensors of a call's bookkeeping (counts, lengths,
+    masks) live: host memory, or the current GPU for NCCL, which reaches
+    only device memory."""
+    if communicator.backend_name.startswith("nccl"):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _counts(what: str, values, size: int) -> List[int]:
     values = [int(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
     if len(values) != size:
@@ -128,10 +137,11 @@ def alltoall_v(send_tensor: torch.Tensor, send_counts, send_displs, recv_tensor:
     _check_layout("recv", recv_tensor, recv_counts, recv_displs)
 
     # Row r of `table`: rank r's send counts, then its receive capacities.
-    mine = torch.tensor(send_counts + recv_counts, dtype=torch.int64)
-    table = torch.empty(size * 2 * size, dtype=torch.int64)
+    device = _control_device(communicator)
+    mine = torch.tensor(send_counts + recv_counts, dtype=torch.int64, device=device)
+    table = torch.empty(size * 2 * size, dtype=torch.int64, device=device)
     _primitives.allgather(mine, table, comm=communicator)
-    table = table.view(size, 2, size)
+    table = table.cpu().view(size, 2, size)
     sends, capacities = table[:, 0, :], table[:, 1, :]
     too_much = (sends > capacities.t()).nonzero().tolist()
     if too_much:
@@ -250,9 +260,7 @@ def broadcast_object(obj: object, src: int = 0, comm=None) -> object:
     if _not_member(comm):
         return obj
     communicator = _communicator(comm)
-    device = "cpu"
-    if communicator.backend_name.startswith("nccl"):
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _control_device(communicator)
     if communicator.rank == src:
         buffer = io.BytesIO()
         _pickler.dump(obj, buffer)
@@ -296,11 +304,13 @@ def from_torch_group(group, stream: Optional["torch.cuda.Stream"] = None) -> Opt
     """
     default = _get_default_group()
     size = default.get_size()
+    device = _control_device(default.get_global_communicator())
     mask = torch.zeros(size, dtype=torch.uint8)
     mask[_torch_group_ranks(group)] = 1
-    masks = torch.empty(size * size, dtype=torch.uint8)
-    _primitives.allgather(mask, masks, comm=default)
-    groups = sorted({tuple(r for r in range(size) if row[r]) for row in masks.view(size, size).tolist()} - {()})
+    masks = torch.empty(size * size, dtype=torch.uint8, device=device)
+    _primitives.allgather(mask.to(device), masks, comm=default)
+    rows = masks.cpu().view(size, size).tolist()
+    groups = sorted({tuple(r for r in range(size) if row[r]) for row in rows} - {()})
     members = [r for g in groups for r in g]
     if len(members) != len(set(members)):
         raise InvalidArgumentError(f"from_torch_group: the ranks passed overlapping groups {groups}")
