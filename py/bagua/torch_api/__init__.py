@@ -45,3 +45,12 @@ from bagua.torch_api.data_parallel import BaguaModule  # noqa: F401
 from bagua.torch_api.bucket import BaguaBucket  # noqa: F401
 from bagua.torch_api.tensor import BaguaTensor  # noqa: F401
 from bagua.torch_api import algorithms  # noqa: F401
+# The rest of Bagua's top-level names, and its submodules.
+from bagua.torch_api.communication import (  # noqa: F401,E402
+    alltoall_v,
+    alltoall_v_inplace,
+    gather_inplace,
+    get_backend,
+    scatter_inplace,
+)
+from bagua.torch_api import communication, contrib, data_parallel, utils  # noqa: F401,E402

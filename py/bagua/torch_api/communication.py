@@ -268,3 +268,12 @@ def recv(tensor, src: int, comm=None) -> None:
 
 def barrier(comm=None) -> None:
     _resolve(comm).barrier()
+
+
+# The rest of Bagua's communication API (CommMember, from_torch_group,
+# get_backend, alltoall_v, the in-place and coalesced collectives,
+# broadcast_object, and Bagua's communicator methods) lives in its own module.
+from bagua.torch_api._compat_communication import *  # noqa: E402,F401,F403
+from bagua.torch_api import _compat_communication as _compat  # noqa: E402
+
+__all__ += _compat.__all__

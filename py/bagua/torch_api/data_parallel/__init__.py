@@ -26,3 +26,5 @@ from bagua.torch_api.data_parallel.bagua_distributed import BaguaDistributedData
 from bagua.torch_api.data_parallel.module import BaguaModule
 
 __all__ = ["BaguaDistributedDataParallel", "BaguaModule"]
+from bagua.torch_api.data_parallel.distributed import DistributedDataParallel  # noqa: E402,F401
+__all__ += ["DistributedDataParallel"]

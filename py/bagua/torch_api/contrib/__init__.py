@@ -1,0 +1,14 @@
+"""Bagua's ``bagua.torch_api.contrib``: load-balancing samplers for data of
+uneven cost, and a synchronized BatchNorm.
+
+    from bagua.torch_api.contrib import LoadBalancingDistributedSampler
+    from bagua.torch_api.contrib.sync_batchnorm import SyncBatchNorm
+"""
+
+from bagua.torch_api.contrib.load_balancing_data_loader import (  # noqa: F401
+    LoadBalancingDistributedBatchSampler,
+    LoadBalancingDistributedSampler,
+)
+from bagua.torch_api.contrib.sync_batchnorm import SyncBatchNorm  # noqa: F401
+
+__all__ = ["LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler", "SyncBatchNorm"]
