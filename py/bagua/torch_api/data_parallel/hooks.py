@@ -8,7 +8,9 @@
 - a callback queued on autograd's engine at the first gradient, run at the
   end of backward: the algorithm's post-backward hook, then the engine's
   end-of-backward work (adopting the profiled order);
-- ``optimizer.step`` is wrapped: the algorithm's post-step hook runs after it.
+- ``optimizer.step`` is wrapped (a bound method, so LR schedulers and
+  torch.optim's hooks keep working): the algorithm's post-step hook runs
+  after it.
 
 What torch holds (module hooks, gradient hooks, the wrapped ``step``) refers
 to the hooks only weakly, so a dropped engine is not kept alive by them.
@@ -16,6 +18,8 @@ With BAGUA_TIMELINE set, forward, backward and optimizer step are also
 recorded as spans on the timeline.
 """
 
+import functools
+import types
 import weakref
 
 import torch
@@ -90,20 +94,27 @@ class StepHooks:
             self._wrap_step(optimizer, ref)
 
     def _wrap_step(self, optimizer, ref) -> None:
+        """Wraps ``optimizer.step`` as a bound method of the optimizer, as
+        torch.optim's own is: LR schedulers re-wrap it through ``__func__``
+        and count calls on it (``_with_counter``, ``_opt_called``); a
+        scheduler's wrapper already there is called, with its markers kept."""
+        previous = optimizer.__dict__.get("step")  # an instance attribute, e.g. a scheduler's wrapper
         original = optimizer.step
+        active = [True]
 
-        def step(*args, **kwargs):
-            hooks = ref()
+        def step(opt, *args, **kwargs):
+            hooks = ref() if active[0] else None
             if hooks is not None:
                 hooks.phases.begin("optimizer_step")
             result = original(*args, **kwargs)
             if hooks is not None:
-                hooks.post_step_hook(optimizer)
+                hooks.post_step_hook(opt)
                 hooks.phases.end("optimizer_step")
             return result
 
-        optimizer.step = step
-        self._wrapped_steps.append(optimizer)
+        functools.update_wrapper(step, getattr(original, "__func__", original))
+        optimizer.step = types.MethodType(step, optimizer)
+        self._wrapped_steps.append((optimizer, step, active, previous))
 
     # -- what the hooks do ----------------------------------------------------
     def on_forward(self, module, inputs) -> None:
@@ -140,7 +151,11 @@ class StepHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for optimizer in self._wrapped_steps:
-            if "step" in optimizer.__dict__:
-                del optimizer.step
+        for optimizer, step, active, previous in self._wrapped_steps:
+            active[0] = False  # a wrapper put over ours (a scheduler's) now calls straight through
+            if getattr(optimizer.__dict__.get("step"), "__func__", None) is step:
+                if previous is None:
+                    del optimizer.step
+                else:
+                    optimizer.step = previous
         self._wrapped_steps.clear()
