@@ -124,7 +124,7 @@ class BaguaDistributedDataParallel:
         for bucket in self.bagua_buckets:
             impl.init_operations(self, bucket)
         for tensor in self.bagua_tensors:
-            tensor._attach_backend(self._bagua_backend, self._marked.add)
+            tensor._bagua_attach_backend(self._bagua_backend, self._marked.add)
         planning.verify_same_buckets(self.bagua_buckets, self.process_group)
         self._bagua_backend.register_ordered_buckets([b.backend_bucket for b in self.bagua_buckets])
         self._marked.clear()
@@ -168,7 +168,7 @@ class BaguaDistributedDataParallel:
         bucket. A missing gradient is communicated as zeros."""
         for bucket in self.bagua_buckets:
             for tensor in bucket.tensors:
-                if tensor.name not in self._marked:
+                if tensor.bagua_tensor_name not in self._marked:
                     tensor.bagua_mark_communication_ready()
 
     def wait_pending_comm_ops(self) -> None:
