@@ -9,10 +9,12 @@ ran different numbers of steps stop cleanly; training goes on locally) and
 ``resume(model)`` (called by every rank) starts it again.
 """
 
+import logging
 from typing import List
 
 import torch
 
+from bagua.torch_api import BaguaError
 from bagua.torch_api.algorithms.base import (
     Algorithm,
     AlgorithmImpl,
@@ -127,6 +129,15 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
     def resume(self, bagua_ddp) -> None:
         for op in self.ops:
             op.resume()
+
+    def shutdown(self, bagua_ddp) -> None:
+        # The background thread must not outlive the wrapping: it would keep
+        # averaging (and keep peers waiting on it) and write weights the
+        # module may free. Aborting on one rank stops every rank's rounds.
+        try:
+            self.abort(bagua_ddp)
+        except BaguaError as error:  # e.g. a peer that is gone: nothing left to stop with
+            logging.getLogger(__name__).warning("asynchronous model average: stopping at shutdown: %s", error)
 
     def status(self) -> List[str]:
         return [op.get_status() for op in self.ops]

@@ -139,3 +139,8 @@ class AlgorithmImpl:
     def init_post_optimizer_step_hook(self, bagua_ddp) -> Callable:
         """Called after each ``optimizer.step()`` with the optimizer."""
         return do_nothing
+
+    def shutdown(self, bagua_ddp) -> None:
+        """Called once when the module stops using this algorithm
+        (``without_bagua``, ``with_bagua`` with another algorithm, exit):
+        stop background work and release what it holds. Default: nothing."""

@@ -49,7 +49,7 @@ def test_with_bagua_again_switches_algorithm(tmp_path):
         assert r["errors"] == {}, f"rank {rank}: {r['errors']}"
         # the background averaging of the replaced algorithm was stopped,
         # whether or not the script aborted it itself
-        assert r["async_status_after_switch"] == {"async": "stopped", "async_no_abort": "stopped"}
+        assert r["async_status_after_switch"] == {"async": ["stopped"], "async_no_abort": ["stopped"]}
         # the replaced engines are released (only the current one lives)
         assert r["engines_alive"] == [False] * 7 + [True]
         assert r["class"] == "Net"

@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 
 import torch.distributed as dist
 
-from bagua.torch_api import env
+from bagua.torch_api import _exit, env
 from bagua.torch_api._core import InvalidArgumentError, core, log
 
 __all__ = [
@@ -151,6 +151,7 @@ def _torch_store(world_size: int):
             )
         os.environ.setdefault("MASTER_PORT", "29500")
         dist.init_process_group("gloo", rank=env.get_rank(), world_size=world_size)
+        _exit.created_torch_group()  # destroyed at exit
     return dist.distributed_c10d._get_default_store()
 
 
@@ -175,7 +176,8 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
     Reads RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as
     written by ``torchrun`` / ``python -m bagua.distributed.launch``. Also
     initializes ``torch.distributed`` (Gloo) if nobody did, whose store bagua
-    shares. Calling it again is a no-op.
+    shares. Calling it again is a no-op. At exit, what bagua started is
+    stopped (see :mod:`bagua.torch_api._exit`).
     """
     global _default_group
     if _default_group is not None:
@@ -191,6 +193,7 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
         store = _torch_store(world_size)
     communicator = _connect(store, rank, world_size)
     _default_group = BaguaProcessGroup(list(range(world_size)), communicator, "default")
+    _exit.install()
     log("info", f"rank {rank} of {world_size} connected ({communicator.backend_name}, "
                 f"local size {get_local_size()}, cuda devices {core.cuda_device_count()})")
 

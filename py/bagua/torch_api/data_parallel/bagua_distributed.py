@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from bagua.torch_api import _exit
 from bagua.torch_api import autotune as autotune_module
 from bagua.torch_api import env, timeline
 from bagua.torch_api._core import InvalidArgumentError, core, log
@@ -80,6 +81,7 @@ class BaguaDistributedDataParallel:
         self.autotuner = None
         self._reset_algorithm_buckets(self._initial_order(autotune))
         self._hooks = StepHooks(self, self._timeline)
+        _exit.track_engine(self)
 
     def _initial_order(self, autotune: Optional[bool]) -> Optional[List[str]]:
         """A saved plan (BAGUA_AUTOTUNE_PLAN) gives the bucket size and order;
@@ -182,7 +184,17 @@ class BaguaDistributedDataParallel:
 
     # -- teardown ---------------------------------------------------------------
     def remove(self) -> None:
-        """Removes the hooks and restores the optimizers' ``step``; the
-        backend (and its communication thread) goes with the last reference."""
+        """Undoes the wrapping (``without_bagua``, switching algorithm, exit):
+        removes the hooks and restores the optimizers' ``step``, stops the
+        algorithm's background work (``AlgorithmImpl.shutdown``), detaches the
+        tensors from the backend, and drops the backend (its communication
+        thread is joined with the last reference). Idempotent."""
+        if self._bagua_backend is None:
+            return
         self._hooks.remove()
-        self._bagua_backend = None
+        try:
+            self.bagua_algorithm_impl.shutdown(self)
+        finally:
+            for tensor in self.bagua_tensors:
+                tensor._bagua_attach_backend(None)
+            self._bagua_backend = None
