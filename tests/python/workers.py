@@ -182,7 +182,7 @@ def scenario_primitives(out_dir):
     # A subgroup of the even ranks.
     evens = list(range(0, world, 2))
     group = bagua.new_group(evens)
-    if group is not None:
+    if not bagua.communication._rank_not_in_group(group):
         t = torch.tensor([float(rank)])
         bagua.allreduce_inplace(t, comm=group)
         results["subgroup/even_sum"] = (t, torch.tensor([float(sum(evens))]))
