@@ -53,6 +53,10 @@ def _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune) ->
 class BaguaDistributedDataParallel:
     """The engine behind a wrapped module (``model.bagua_ddp``)."""
 
+    #: False inside ``module.no_sync()``: training forwards then communicate
+    #: nothing and their backward leaves the gradients local (Bagua's name).
+    require_backward_grad_sync = True
+
     def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group, do_flatten: bool,
                  overlap: bool = True, autotune: Optional[bool] = None):
         self.optimizers = _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune)

@@ -1,10 +1,15 @@
 """The hooks that drive a training step, and the algorithm's hooks they call.
 
 - forward pre-hook: the engine prepares the step (re-bucketing, autotuning),
-  then the algorithm's forward pre-hook runs;
+  then the algorithm's forward pre-hook runs. A forward that does not train
+  (``torch.no_grad()``, ``module.eval()``) or runs in ``module.no_sync()``
+  communicates nothing: the algorithm's inference hooks run before and
+  after it instead (``init_inference_forward_hooks``, e.g. to lock weights
+  a background thread writes);
 - one hook per parameter, after autograd accumulated its gradient: the
   algorithm's backward hook (with ``overlap=False`` replayed, in ready order,
-  once backward has finished);
+  once backward has finished); nothing for a backward whose forward ran in
+  ``no_sync()`` (the gradients accumulate locally, as with DDP);
 - a callback queued on autograd's engine at the first gradient, run at the
   end of backward: the algorithm's post-backward hook, then the engine's
   end-of-backward work (adopting the profiled order);
@@ -64,6 +69,7 @@ class StepHooks:
         self._grad_accumulators = []  # PyTorch < 2.1: keeps the hooked nodes alive
         self._deferred_grads = []
         self._callback_queued = False
+        self._sync_backward = True  # whether the last training forward ran outside no_sync()
         self.bind_algorithm()
         self._install()
 
@@ -75,13 +81,13 @@ class StepHooks:
         self.forward_pre_hook = impl.init_forward_pre_hook(ddp)
         self.post_backward_hook = impl.init_post_backward_hook(ddp)
         self.post_step_hook = impl.init_post_optimizer_step_hook(ddp)
+        self.inference_pre_hook, self.inference_post_hook = impl.init_inference_forward_hooks(ddp)
 
     def _install(self) -> None:
         ref = weakref.ref(self)
         module = self.ddp.module
         self._handles.append(module.register_forward_pre_hook(_weak_call(ref, "on_forward")))
-        if self.phases.timeline is not None:
-            self._handles.append(module.register_forward_hook(_weak_call(ref, "on_forward_end")))
+        self._handles.append(module.register_forward_hook(_weak_call(ref, "on_forward_end")))
         for name, param in self.ddp.bagua_build_params():
             hook = _weak_call(ref, "on_grad_ready", name, param)
             if hasattr(param, "register_post_accumulate_grad_hook"):  # PyTorch >= 2.1
@@ -117,17 +123,29 @@ class StepHooks:
         self._wrapped_steps.append((optimizer, step, active, previous))
 
     # -- what the hooks do ----------------------------------------------------
+    def _communicates(self, module) -> bool:
+        """Whether this forward is a training step that communicates."""
+        return torch.is_grad_enabled() and module.training and self.ddp.require_backward_grad_sync
+
     def on_forward(self, module, inputs) -> None:
-        if not torch.is_grad_enabled() or not module.training:
+        if torch.is_grad_enabled() and module.training:  # its backward follows (DDP reads no_sync here too)
+            self._sync_backward = self.ddp.require_backward_grad_sync
+        if not self._communicates(module):
+            self.inference_pre_hook(inputs)
             return
         self.ddp._prepare_step()
         self.phases.begin("forward")
         self.forward_pre_hook(inputs)
 
     def on_forward_end(self, module, inputs, output) -> None:
+        if not self._communicates(module):
+            self.inference_post_hook(output)
+            return
         self.phases.end("forward")
 
     def on_grad_ready(self, name: str, param, *_) -> None:
+        if not self._sync_backward:
+            return
         if not self._callback_queued:
             self.phases.begin("backward")
             self._callback_queued = True

@@ -7,6 +7,7 @@ its class swapped for a subclass that also derives from :class:`BaguaModule`
 to every ``torch.nn.Module``, as Bagua does.
 """
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -74,6 +75,26 @@ class BaguaModule:
         self.bagua_ddp = None
         self._bagua_restore_class()
         return self
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """As DDP's ``no_sync``: forwards and backwards in this context
+        communicate nothing, gradients accumulate locally; the first backward
+        after it communicates the accumulated gradients::
+
+            with model.no_sync():
+                for x, y in micro_batches[:-1]:
+                    loss_fn(model(x), y).backward()
+            loss_fn(model(micro_batches[-1][0]), micro_batches[-1][1]).backward()
+            optimizer.step()
+        """
+        ddp = self.bagua_ddp
+        previous = ddp.require_backward_grad_sync
+        ddp.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            ddp.require_backward_grad_sync = previous
 
     @property
     def bagua_algorithm(self):
