@@ -148,6 +148,22 @@ def test_installed_torch_satisfies_the_declared_requirement():
     assert torch_req.specifier.contains("1.13.0a0", prereleases=True)
 
 
+def test_pip_keeps_the_installed_torch():
+    """What pip itself decides for the declared requirement, offline."""
+    import os
+    import subprocess
+
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (torch_req,) = [d for d in project["dependencies"] if re.match(r"torch\b", d)]
+    env = dict(os.environ, PIP_BREAK_SYSTEM_PACKAGES="1", PIP_NO_INDEX="1")
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", torch_req],
+                            capture_output=True, text=True, env=env, timeout=120)
+    if "no such option: --dry-run" in result.stderr:
+        pytest.skip("pip without --dry-run")
+    assert "Requirement already satisfied: torch" in result.stdout, result.stdout + result.stderr
+
+
 # -- 7 -----------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_parameter_unused_on_one_rank_with_set_to_none(kind, tmp_path):
