@@ -9,10 +9,12 @@ ran different numbers of steps stop cleanly; training goes on locally) and
 ``resume(model)`` (called by every rank) starts it again.
 """
 
+import logging
 from typing import List
 
 import torch
 
+from bagua.torch_api import BaguaError
 from bagua.torch_api.algorithms.base import (
     Algorithm,
     AlgorithmImpl,
@@ -37,6 +39,7 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
         self.steps_done = 0
         self._started = False
         self._locked = False
+        self._stepped = set()  # ids of the optimizers that stepped since the lock was taken
 
     def need_reset(self) -> bool:
         # Checked before each forward, after `steps_done` forwards.
@@ -76,6 +79,9 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
                 self._started = True
             for op in self.ops:
                 op.rethrow_failure()
+            # Still locked: not every optimizer stepped last iteration. Taking
+            # the lock again lets the background thread's pending work run.
+            self.unlock(bagua_ddp)
             self.lock(bagua_ddp)
 
         return hook
@@ -91,9 +97,29 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
     def init_post_optimizer_step_hook(self, bagua_ddp):
         def hook(optimizer):
             self.steps_done = bagua_ddp.step_counter
-            self.unlock(bagua_ddp)
+            # The weights are the optimizers' until the last of them stepped.
+            self._stepped.add(id(optimizer))
+            if self._stepped.issuperset(id(o) for o in bagua_ddp.optimizers):
+                self.unlock(bagua_ddp)
 
         return hook
+
+    def init_inference_forward_hooks(self, bagua_ddp):
+        # An evaluation forward reads the weights too: hold the lock during
+        # it, unless training holds it already.
+        taken = []
+
+        def before(inputs):
+            if self.asynchronous and self._started and not self._locked:
+                self.lock(bagua_ddp)
+                taken.append(True)
+
+        def after(output):
+            if taken:
+                taken.clear()
+                self.unlock(bagua_ddp)
+
+        return before, after
 
     def lock(self, bagua_ddp) -> None:
         if not self._locked:
@@ -101,6 +127,7 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
             for op in self.ops:
                 op.lock_weight(cuda_stream=stream)
             self._locked = True
+            self._stepped.clear()
 
     def unlock(self, bagua_ddp) -> None:
         if self._locked:
@@ -127,6 +154,15 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
     def resume(self, bagua_ddp) -> None:
         for op in self.ops:
             op.resume()
+
+    def shutdown(self, bagua_ddp) -> None:
+        # The background thread must not outlive the wrapping: it would keep
+        # averaging (and keep peers waiting on it) and write weights the
+        # module may free. Aborting on one rank stops every rank's rounds.
+        try:
+            self.abort(bagua_ddp)
+        except BaguaError as error:  # e.g. a peer that is gone: nothing left to stop with
+            logging.getLogger(__name__).warning("asynchronous model average: stopping at shutdown: %s", error)
 
     def status(self) -> List[str]:
         return [op.get_status() for op in self.ops]

@@ -12,7 +12,7 @@ weight-based algorithm, and a hook that does nothing. They use only bagua's
 public API, as every algorithm here does.
 """
 
-from typing import Callable, List, Sequence
+from typing import Callable, List, Sequence, Tuple
 
 import torch
 
@@ -139,3 +139,14 @@ class AlgorithmImpl:
     def init_post_optimizer_step_hook(self, bagua_ddp) -> Callable:
         """Called after each ``optimizer.step()`` with the optimizer."""
         return do_nothing
+
+    def init_inference_forward_hooks(self, bagua_ddp) -> Tuple[Callable, Callable]:
+        """(before, after): called around a forward that communicates nothing
+        (under ``torch.no_grad()``, in eval mode, or in ``no_sync()``), with
+        the forward's inputs and its output. Default: nothing."""
+        return do_nothing, do_nothing
+
+    def shutdown(self, bagua_ddp) -> None:
+        """Called once when the module stops using this algorithm
+        (``without_bagua``, ``with_bagua`` with another algorithm, exit):
+        stop background work and release what it holds. Default: nothing."""

@@ -58,7 +58,7 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
             offset = 0
             for tensor in bucket.tensors:
                 n = tensor.bagua_registered_tensor().numel()
-                self._saved_copies[tensor.name] = tuple(c[offset:offset + n].clone() for c in copies)
+                self._saved_copies[tensor.bagua_tensor_name] = tuple(c[offset:offset + n].clone() for c in copies)
                 offset += n
         self.peer_weights = {}
         return weight_tensors(bagua_ddp)
@@ -66,8 +66,9 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
         saved = self._saved_copies
-        if all(t.name in saved for t in bucket.tensors):
-            weight, left, right = (torch.cat([saved[t.name][i] for t in bucket.tensors]) for i in range(3))
+        if all(t.bagua_tensor_name in saved for t in bucket.tensors):
+            weight, left, right = (torch.cat([saved[t.bagua_tensor_name][i] for t in bucket.tensors])
+                                   for i in range(3))
         else:
             flat = _flat_weights(bucket)
             weight, left, right = flat.clone(), flat.clone(), flat.clone()

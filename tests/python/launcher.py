@@ -25,7 +25,10 @@ def free_port() -> int:
 
 
 def run_workers(scenario: str, world_size: int, out_dir: Path, local_size: int = None,
-                timeout: float = 240, extra_env: dict = None, args=()):
+                timeout: float = 240, extra_env: dict = None, args=(), script: Path = WORKERS):
+    """``script``: the worker file (default workers.py), run as
+    ``script SCENARIO OUT_DIR ARGS...``; each rank's output is in
+    OUT_DIR/rank{RANK}.log."""
     out_dir.mkdir(parents=True, exist_ok=True)
     local_size = local_size or world_size
     port = free_port()
@@ -40,7 +43,7 @@ def run_workers(scenario: str, world_size: int, out_dir: Path, local_size: int =
         })
         env.update(extra_env or {})
         log = open(out_dir / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(WORKERS), scenario, str(out_dir), *args],
+        procs.append((subprocess.Popen([sys.executable, str(script), scenario, str(out_dir), *args],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + timeout
     failed = []

@@ -182,7 +182,7 @@ def scenario_primitives(out_dir):
     # A subgroup of the even ranks.
     evens = list(range(0, world, 2))
     group = bagua.new_group(evens)
-    if group is not None:
+    if not bagua.communication._rank_not_in_group(group):
         t = torch.tensor([float(rank)])
         bagua.allreduce_inplace(t, comm=group)
         results["subgroup/even_sum"] = (t, torch.tensor([float(sum(evens))]))
@@ -238,7 +238,7 @@ class Reordered(torch.nn.Module):
 
 
 def _bucket_order(model):
-    return [t.name for b in model.bagua_buckets for t in b.tensors]
+    return [t.bagua_tensor_name for b in model.bagua_buckets for t in b.tensors]
 
 
 def scenario_replan(out_dir):
@@ -339,7 +339,7 @@ def scenario_qadam(out_dir):
     stats = model.bagua_ddp.communication_stats()
     torch.save({"adam": adam_params, "qadam_warmup": warmup_params, "qadam_after": compressed_params,
                 "ops": [op["name"] for b in stats["buckets"] for op in b["ops"]],
-                "tensors": [t.name for t in model.bagua_ddp.bagua_tensors]},
+                "tensors": [t.bagua_tensor_name for t in model.bagua_ddp.bagua_tensors]},
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -392,10 +392,10 @@ def scenario_low_precision_decentralized(out_dir):
         before = [t.clone() for t in impl.peer_weights[bucket.name]]
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
-        grad = torch.cat([t.tensor.grad.reshape(-1) for t in bucket.tensors])
+        grad = torch.cat([t.grad.reshape(-1) for t in bucket.tensors])
         opt.step()
         after = [t.clone() for t in impl.peer_weights[bucket.name]]
-        params = torch.cat([t.tensor.detach().reshape(-1) for t in bucket.tensors])
+        params = torch.cat([t.detach().reshape(-1) for t in bucket.tensors])
         steps.append({"before": before, "grad": grad, "after": after, "params": params})
     torch.save({"steps": steps, "lr": lr}, os.path.join(out_dir, f"rank{rank}.pt"))
 
@@ -544,7 +544,7 @@ def scenario_autotune(out_dir):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
-        layouts.append([[t.name for t in b.tensors] for b in model.bagua_buckets])
+        layouts.append([[t.bagua_tensor_name for t in b.tensors] for b in model.bagua_buckets])
     tuner = model.bagua_ddp.autotuner
     torch.save({"ddp": ddp_params, "bagua": [p.detach().clone() for p in model.parameters()],
                 "layouts": layouts, "trials": tuner.trials, "frozen": tuner.frozen,
@@ -598,7 +598,7 @@ def scenario_saved_plan(out_dir):
     model, opt = fresh_model_and_optimizer("sgd")
     model = model.with_bagua([opt], GradientAllReduceAlgorithm())
     torch.save({"bucket_bytes": model.bagua_ddp.bucket_bytes,
-                "layout": [[t.name for t in b.tensors] for b in model.bagua_buckets]},
+                "layout": [[t.bagua_tensor_name for t in b.tensors] for b in model.bagua_buckets]},
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 

@@ -160,7 +160,7 @@ class Autotuner:
             self._step_starts = [time.perf_counter()]
 
     def _write(self) -> None:
-        order = [t.name for b in self.ddp.bagua_buckets for t in b.tensors]
+        order = [t.bagua_tensor_name for b in self.ddp.bagua_buckets for t in b.tensors]
         report = {"trials": self.trials, "best": {**self.best, "order": order},
                   "warmup_steps": self.warmup_steps, "window_steps": self.window_steps}
         log("info", f"autotune chose bucket size {self.best['bucket_bytes']} bytes "

@@ -26,13 +26,13 @@ class BaguaBucket:
         self.tensors = list(tensors)
         self.flatten = flatten
         self.alignment = alignment
-        currents = [t.current() for t in self.tensors]
+        currents = [t._bagua_current() for t in self.tensors]
         first = currents[0]
         for t, current in zip(self.tensors, currents):
             if current.dtype != first.dtype or current.device != first.device:
                 raise InvalidArgumentError(
-                    f"bucket '{name}' mixes {self.tensors[0].name} ({first.dtype}, {first.device}) "
-                    f"with {t.name} ({current.dtype}, {current.device})")
+                    f"bucket '{name}' mixes {self.tensors[0].bagua_tensor_name} ({first.dtype}, {first.device}) "
+                    f"with {t.bagua_tensor_name} ({current.dtype}, {current.device})")
         self.dtype = first.dtype
         self.device = first.device
         self.flattened: Optional[torch.Tensor] = None
@@ -46,14 +46,15 @@ class BaguaBucket:
                     view = self.flattened[offset:offset + current.numel()].view_as(current)
                     view.copy_(current)
                     t.bagua_setter_closure(view)
-                    t._register(view)
+                    t._bagua_register(view)
                     offset += current.numel()
         else:
             for t, current in zip(self.tensors, currents):
-                t._register(current)
+                t._bagua_register(current)
         self._keep_alive = []  # tensors the ops hold views of
         self.backend_bucket = core.Bucket(
-            name, [(t.name, tensor_view(t.bagua_registered_tensor(), f"tensor '{t.name}'", allow_cuda=True))
+            name, [(t.bagua_tensor_name, tensor_view(t.bagua_registered_tensor(), f"tensor '{t.bagua_tensor_name}'",
+                                                  allow_cuda=True))
                    for t in self.tensors])
 
     def clear_ops(self) -> "BaguaBucket":

@@ -30,7 +30,7 @@ from bagua.torch_api._core import (
 # The group API, re-exported: Bagua's users import it from here.
 from bagua.torch_api import process_group as _process_group
 from bagua.torch_api.process_group import *  # noqa: F401,F403
-from bagua.torch_api.process_group import BaguaProcessGroup, _get_default_group, _require_init  # noqa: F401
+from bagua.torch_api.process_group import BaguaProcessGroup, _get_default_group, _rank_not_in_group, _require_init  # noqa: F401,E501
 
 __all__ = _process_group.__all__ + [
     "ReduceOp", "allreduce", "allreduce_inplace", "reduce", "reduce_inplace", "broadcast",

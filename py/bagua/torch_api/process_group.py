@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 
 import torch.distributed as dist
 
-from bagua.torch_api import env
+from bagua.torch_api import _exit, env
 from bagua.torch_api._core import InvalidArgumentError, core, log
 
 __all__ = [
@@ -32,7 +32,9 @@ class BaguaProcessGroup:
 
     ``ranks`` are global ranks in increasing order; this process's rank in the
     group is ``get_rank()``. Created by :func:`init_process_group` (all ranks)
-    and :func:`new_group`.
+    and :func:`new_group`. A rank outside ``ranks`` holds the group too (as in
+    Bagua; ``_rank_not_in_group(group)`` says so, ``get_rank()`` is -1), but
+    communicating on it is an error.
     """
 
     def __init__(self, ranks: Sequence[int], communicator, group_name: str):
@@ -44,13 +46,21 @@ class BaguaProcessGroup:
         self._lock = threading.Lock()
 
     def get_rank(self) -> int:
-        return self._communicator.rank
+        return self._communicator.rank if self._communicator is not None else -1
 
     def get_size(self) -> int:
-        return self._communicator.size
+        return len(self.ranks)
+
+    def is_member(self) -> bool:
+        """Whether this process is one of the group's ranks."""
+        return self._communicator is not None
 
     def get_global_communicator(self):
         """The communicator of calls made from the training thread."""
+        if self._communicator is None:
+            raise RuntimeError(
+                f"rank {get_rank()} is not a member of process group {self.group_name} (ranks "
+                f"{self.ranks}): only its members can communicate on it")
         return self._communicator
 
     def get_bucket_communicator(self):
@@ -61,7 +71,7 @@ class BaguaProcessGroup:
             if self._bucket_communicator is None:
                 # On NCCL its collectives share the communication stream with
                 # the ops' kernels and the ready-event waits.
-                self._bucket_communicator = self._communicator.new_bucket_group(
+                self._bucket_communicator = self.get_global_communicator().new_bucket_group(
                     list(range(self.get_size())))
             return self._bucket_communicator
 
@@ -69,7 +79,7 @@ class BaguaProcessGroup:
         """A new communicator over the group, for an op that communicates on a
         thread of its own. Collective."""
         with self._lock:
-            return self._communicator.new_group(list(range(self.get_size())))
+            return self.get_global_communicator().new_group(list(range(self.get_size())))
 
     def get_hierarchical_communicators(self):
         """The intra-node / inter-node pair over the bucket communicator, nodes
@@ -151,6 +161,7 @@ def _torch_store(world_size: int):
             )
         os.environ.setdefault("MASTER_PORT", "29500")
         dist.init_process_group("gloo", rank=env.get_rank(), world_size=world_size)
+        _exit.created_torch_group()  # destroyed at exit
     return dist.distributed_c10d._get_default_store()
 
 
@@ -176,7 +187,8 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
     Reads RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as
     written by ``torchrun`` / ``python -m bagua.distributed.launch``. Also
     initializes ``torch.distributed`` (Gloo) if nobody did, whose store bagua
-    shares. Calling it again is a no-op.
+    shares. Calling it again is a no-op. At exit, what bagua started is
+    stopped (see :mod:`bagua.torch_api._exit`).
     """
     global _default_group
     if _default_group is not None:
@@ -192,20 +204,26 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
         store = _torch_store(world_size)
     communicator = _connect(store, rank, world_size)
     _default_group = BaguaProcessGroup(list(range(world_size)), communicator, "default")
+    _exit.install()
     log("info", f"rank {rank} of {world_size} connected ({communicator.backend_name}, "
                 f"local size {get_local_size()}, cuda devices {core.cuda_device_count()})")
 
 
-def new_group(ranks: Optional[List[int]] = None) -> Optional[BaguaProcessGroup]:
+def new_group(ranks: Optional[List[int]] = None) -> BaguaProcessGroup:
     """A process group of ``ranks`` (default: all). Collective: every rank of the
-    default group calls it with the same ranks; non-members get ``None``."""
+    default group calls it with the same ranks. Non-members get a group too,
+    on which :func:`_rank_not_in_group` is True (they must not communicate on it)."""
     global _group_count
     group = _require_init("new_group")
     if ranks is None:
         ranks = list(range(group.get_size()))
     ranks = sorted(int(r) for r in ranks)
     _group_count += 1
-    communicator = group.get_global_communicator().new_group(ranks)
-    if communicator is None:
-        return None
+    communicator = group.get_global_communicator().new_group(ranks)  # None for non-members
     return BaguaProcessGroup(ranks, communicator, f"group{_group_count}")
+
+
+def _rank_not_in_group(group: Optional[BaguaProcessGroup]) -> bool:
+    """Bagua's check: True when this process is not a member of ``group``
+    (None, the default group, is every rank's)."""
+    return group is not None and not group.is_member()

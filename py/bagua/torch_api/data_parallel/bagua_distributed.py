@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from bagua.torch_api import _exit
 from bagua.torch_api import autotune as autotune_module
 from bagua.torch_api import timeline
 from bagua.torch_api._core import InvalidArgumentError, core, log
@@ -51,6 +52,10 @@ def _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune) ->
 class BaguaDistributedDataParallel:
     """The engine behind a wrapped module (``model.bagua_ddp``)."""
 
+    #: False inside ``module.no_sync()``: training forwards then communicate
+    #: nothing and their backward leaves the gradients local (Bagua's name).
+    require_backward_grad_sync = True
+
     def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group, do_flatten: bool,
                  overlap: bool = True, autotune: Optional[bool] = None):
         self.optimizers = _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune)
@@ -76,6 +81,7 @@ class BaguaDistributedDataParallel:
         self.autotuner = None
         self._reset_algorithm_buckets(self._initial_order(autotune))
         self._hooks = StepHooks(self, self._timeline)
+        _exit.track_engine(self)
 
     def _initial_order(self, autotune: Optional[bool]) -> Optional[List[str]]:
         """A saved plan (BAGUA_AUTOTUNE_PLAN) gives the bucket size and order;
@@ -120,7 +126,7 @@ class BaguaDistributedDataParallel:
         for bucket in self.bagua_buckets:
             impl.init_operations(self, bucket)
         for tensor in self.bagua_tensors:
-            tensor._attach_backend(self._bagua_backend)
+            tensor._bagua_attach_backend(self._bagua_backend)
         planning.verify_same_buckets(self.bagua_buckets, self.process_group)
         self._bagua_backend.register_ordered_buckets([b.backend_bucket for b in self.bagua_buckets])
         if self.process_group.get_rank() == 0:
@@ -174,7 +180,17 @@ class BaguaDistributedDataParallel:
 
     # -- teardown ---------------------------------------------------------------
     def remove(self) -> None:
-        """Removes the hooks and restores the optimizers' ``step``; the
-        backend (and its communication thread) goes with the last reference."""
+        """Undoes the wrapping (``without_bagua``, switching algorithm, exit):
+        removes the hooks and restores the optimizers' ``step``, stops the
+        algorithm's background work (``AlgorithmImpl.shutdown``), detaches the
+        tensors from the backend, and drops the backend (its communication
+        thread is joined with the last reference). Idempotent."""
+        if self._bagua_backend is None:
+            return
         self._hooks.remove()
-        self._bagua_backend = None
+        try:
+            self.bagua_algorithm_impl.shutdown(self)
+        finally:
+            for tensor in self.bagua_tensors:
+                tensor._bagua_attach_backend(None)
+            self._bagua_backend = None

@@ -1,14 +1,21 @@
 """The hooks that drive a training step, and the algorithm's hooks they call.
 
 - forward pre-hook: the engine prepares the step (re-bucketing, autotuning),
-  then the algorithm's forward pre-hook runs;
+  then the algorithm's forward pre-hook runs. A forward that does not train
+  (``torch.no_grad()``, ``module.eval()``) or runs in ``module.no_sync()``
+  communicates nothing: the algorithm's inference hooks run before and
+  after it instead (``init_inference_forward_hooks``, e.g. to lock weights
+  a background thread writes);
 - one hook per parameter, after autograd accumulated its gradient: the
   algorithm's backward hook (with ``overlap=False`` replayed, in ready order,
-  once backward has finished);
+  once backward has finished); nothing for a backward whose forward ran in
+  ``no_sync()`` (the gradients accumulate locally, as with DDP);
 - a callback queued on autograd's engine at the first gradient, run at the
   end of backward: the algorithm's post-backward hook, then the engine's
   end-of-backward work (adopting the profiled order);
-- ``optimizer.step`` is wrapped: the algorithm's post-step hook runs after it.
+- ``optimizer.step`` is wrapped (a bound method, so LR schedulers and
+  torch.optim's hooks keep working): the algorithm's post-step hook runs
+  after it.
 
 What torch holds (module hooks, gradient hooks, the wrapped ``step``) refers
 to the hooks only weakly, so a dropped engine is not kept alive by them.
@@ -16,6 +23,8 @@ With BAGUA_TIMELINE set, forward, backward and optimizer step are also
 recorded as spans on the timeline.
 """
 
+import functools
+import types
 import weakref
 
 import torch
@@ -60,6 +69,7 @@ class StepHooks:
         self._grad_accumulators = []  # PyTorch < 2.1: keeps the hooked nodes alive
         self._deferred_grads = []
         self._callback_queued = False
+        self._sync_backward = True  # whether the last training forward ran outside no_sync()
         self.bind_algorithm()
         self._install()
 
@@ -71,13 +81,13 @@ class StepHooks:
         self.forward_pre_hook = impl.init_forward_pre_hook(ddp)
         self.post_backward_hook = impl.init_post_backward_hook(ddp)
         self.post_step_hook = impl.init_post_optimizer_step_hook(ddp)
+        self.inference_pre_hook, self.inference_post_hook = impl.init_inference_forward_hooks(ddp)
 
     def _install(self) -> None:
         ref = weakref.ref(self)
         module = self.ddp.module
         self._handles.append(module.register_forward_pre_hook(_weak_call(ref, "on_forward")))
-        if self.phases.timeline is not None:
-            self._handles.append(module.register_forward_hook(_weak_call(ref, "on_forward_end")))
+        self._handles.append(module.register_forward_hook(_weak_call(ref, "on_forward_end")))
         for name, param in self.ddp.bagua_build_params():
             hook = _weak_call(ref, "on_grad_ready", name, param)
             if hasattr(param, "register_post_accumulate_grad_hook"):  # PyTorch >= 2.1
@@ -90,33 +100,52 @@ class StepHooks:
             self._wrap_step(optimizer, ref)
 
     def _wrap_step(self, optimizer, ref) -> None:
+        """Wraps ``optimizer.step`` as a bound method of the optimizer, as
+        torch.optim's own is: LR schedulers re-wrap it through ``__func__``
+        and count calls on it (``_with_counter``, ``_opt_called``); a
+        scheduler's wrapper already there is called, with its markers kept."""
+        previous = optimizer.__dict__.get("step")  # an instance attribute, e.g. a scheduler's wrapper
         original = optimizer.step
+        active = [True]
 
-        def step(*args, **kwargs):
-            hooks = ref()
+        def step(opt, *args, **kwargs):
+            hooks = ref() if active[0] else None
             if hooks is not None:
                 hooks.phases.begin("optimizer_step")
             result = original(*args, **kwargs)
             if hooks is not None:
-                hooks.post_step_hook(optimizer)
+                hooks.post_step_hook(opt)
                 hooks.phases.end("optimizer_step")
             return result
 
-        optimizer.step = step
-        self._wrapped_steps.append(optimizer)
+        functools.update_wrapper(step, getattr(original, "__func__", original))
+        optimizer.step = types.MethodType(step, optimizer)
+        self._wrapped_steps.append((optimizer, step, active, previous))
 
     # -- what the hooks do ----------------------------------------------------
+    def _communicates(self, module) -> bool:
+        """Whether this forward is a training step that communicates."""
+        return torch.is_grad_enabled() and module.training and self.ddp.require_backward_grad_sync
+
     def on_forward(self, module, inputs) -> None:
-        if not torch.is_grad_enabled() or not module.training:
+        if torch.is_grad_enabled() and module.training:  # its backward follows (DDP reads no_sync here too)
+            self._sync_backward = self.ddp.require_backward_grad_sync
+        if not self._communicates(module):
+            self.inference_pre_hook(inputs)
             return
         self.ddp._prepare_step()
         self.phases.begin("forward")
         self.forward_pre_hook(inputs)
 
     def on_forward_end(self, module, inputs, output) -> None:
+        if not self._communicates(module):
+            self.inference_post_hook(output)
+            return
         self.phases.end("forward")
 
     def on_grad_ready(self, name: str, param, *_) -> None:
+        if not self._sync_backward:
+            return
         if not self._callback_queued:
             self.phases.begin("backward")
             self._callback_queued = True
@@ -140,7 +169,11 @@ class StepHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for optimizer in self._wrapped_steps:
-            if "step" in optimizer.__dict__:
-                del optimizer.step
+        for optimizer, step, active, previous in self._wrapped_steps:
+            active[0] = False  # a wrapper put over ours (a scheduler's) now calls straight through
+            if getattr(optimizer.__dict__.get("step"), "__func__", None) is step:
+                if previous is None:
+                    del optimizer.step
+                else:
+                    optimizer.step = previous
         self._wrapped_steps.clear()

@@ -7,11 +7,12 @@ its class swapped for a subclass that also derives from :class:`BaguaModule`
 to every ``torch.nn.Module``, as Bagua does.
 """
 
+import contextlib
 from typing import Optional
 
 import torch
 
-from bagua.torch_api.data_parallel.bagua_distributed import BaguaDistributedDataParallel
+from bagua.torch_api.data_parallel.bagua_distributed import BaguaDistributedDataParallel, _checked_optimizers
 from bagua.torch_api.process_group import is_initialized
 
 __all__ = ["BaguaModule"]
@@ -21,8 +22,8 @@ class BaguaModule:
     """What ``with_bagua`` returns: the same module, now also a BaguaModule.
 
     ``module.bagua_ddp`` is the engine; ``module.without_bagua()`` undoes the
-    wrapping (hooks removed, the original class restored), after which the
-    module can be wrapped again.
+    wrapping (hooks removed, background threads stopped, the original class
+    restored). ``with_bagua`` again switches algorithm.
     """
 
     def with_bagua(self, optimizers, algorithm, process_group=None, do_flatten: bool = True, *,
@@ -33,21 +34,38 @@ class BaguaModule:
         ``overlap``: communicate while backward runs (True) or after it.
         ``autotune``: tune the bucket size during training (default:
         BAGUA_AUTOTUNE). See docs/execution_optimizer.md.
+
+        Called on a module already wrapped, it switches to ``algorithm``: the
+        previous algorithm is stopped (its background threads too) and
+        released, and the module is wrapped anew (states broadcast from rank
+        0 again), as in Bagua.
         """
         if not is_initialized():
             raise RuntimeError(
                 "with_bagua needs bagua's process group: call bagua.torch_api.init_process_group() first")
-        if getattr(self, "bagua_ddp", None) is not None:
-            raise RuntimeError(
-                f"this {type(self).__name__} is already wrapped with_bagua; call "
-                "module.without_bagua() before wrapping it again")
-        ddp = BaguaDistributedDataParallel(self, optimizers, algorithm, process_group, do_flatten,
-                                           overlap=overlap, autotune=autotune)
+        previous = getattr(self, "bagua_ddp", None)
+        if previous is not None:
+            # Switching algorithm (Bagua's test_model_switch): bad arguments
+            # leave the current wrapping alone; otherwise the old engine goes
+            # first (its hooks, its background threads, its backend).
+            _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune)
+            previous.remove()
+            self.bagua_ddp = None
+        try:
+            ddp = BaguaDistributedDataParallel(self, optimizers, algorithm, process_group, do_flatten,
+                                               overlap=overlap, autotune=autotune)
+        except BaseException:
+            if previous is not None:  # unwrapped now, not half-wrapped
+                self._bagua_restore_class()
+            raise
         self.bagua_ddp = ddp
-        original_class = type(self)
-        self.__class__ = _bagua_class(original_class)
-        self._bagua_original_class = original_class
+        if "_bagua_original_class" not in self.__dict__:
+            self._bagua_original_class = type(self)
+            self.__class__ = _bagua_class(type(self))
         return self
+
+    def _bagua_restore_class(self) -> None:
+        self.__class__ = self.__dict__.pop("_bagua_original_class")
 
     def without_bagua(self):
         ddp = getattr(self, "bagua_ddp", None)
@@ -55,8 +73,28 @@ class BaguaModule:
             return self
         ddp.remove()
         self.bagua_ddp = None
-        self.__class__ = self._bagua_original_class
+        self._bagua_restore_class()
         return self
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """As DDP's ``no_sync``: forwards and backwards in this context
+        communicate nothing, gradients accumulate locally; the first backward
+        after it communicates the accumulated gradients::
+
+            with model.no_sync():
+                for x, y in micro_batches[:-1]:
+                    loss_fn(model(x), y).backward()
+            loss_fn(model(micro_batches[-1][0]), micro_batches[-1][1]).backward()
+            optimizer.step()
+        """
+        ddp = self.bagua_ddp
+        previous = ddp.require_backward_grad_sync
+        ddp.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            ddp.require_backward_grad_sync = previous
 
     @property
     def bagua_algorithm(self):

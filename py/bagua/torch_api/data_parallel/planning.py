@@ -21,7 +21,7 @@ from bagua.torch_api.tensor import BaguaTensor
 
 def index_by_name(tensors: Sequence[BaguaTensor], owner: str) -> Dict[str, BaguaTensor]:
     """name -> tensor; names must be unique (they name the tensors to the backend)."""
-    by_name = {t.name: t for t in tensors}
+    by_name = {t.bagua_tensor_name: t for t in tensors}
     if len(by_name) != len(tensors):
         raise InvalidArgumentError(f"{owner}.init_tensors returned duplicate names")
     return by_name
@@ -30,7 +30,7 @@ def index_by_name(tensors: Sequence[BaguaTensor], owner: str) -> Dict[str, Bagua
 def in_order(tensors: Sequence[BaguaTensor], order: Optional[List[str]]) -> List[BaguaTensor]:
     """``tensors`` in ``order`` (names) when it names exactly these tensors;
     otherwise as they are (e.g. an algorithm that changed its tensors)."""
-    by_name = {t.name: t for t in tensors}
+    by_name = {t.bagua_tensor_name: t for t in tensors}
     if order is not None and sorted(order) == sorted(by_name):
         return [by_name[name] for name in order]
     return list(tensors)
@@ -40,21 +40,22 @@ def plan_buckets(impl, ordered: Sequence[BaguaTensor], bucket_bytes: int, do_fla
     """The planner's grouping of ``ordered`` into buckets of about
     ``bucket_bytes`` (tensors of one dtype and device per bucket), made into
     buckets by the algorithm's ``tensors_to_buckets``."""
-    declarations = [(t.name, t.current().numel(), dtype_name(t.current().dtype),
-                     device_name(t.current().device)) for t in ordered]
+    currents = [t._bagua_current() for t in ordered]
+    declarations = [(t.bagua_tensor_name, c.numel(), dtype_name(c.dtype), device_name(c.device))
+                    for t, c in zip(ordered, currents)]
     plan = core.plan_buckets(declarations, bucket_bytes)
     return impl.tensors_to_buckets([[ordered[i] for i in bucket] for bucket in plan], do_flatten)
 
 
 def bucket_order(buckets) -> List[str]:
     """The names of the bucketed tensors, in bucket order."""
-    return [t.name for b in buckets for t in b.tensors]
+    return [t.bagua_tensor_name for b in buckets for t in b.tensors]
 
 
 def verify_same_buckets(buckets, group) -> None:
     """Every rank must register the same buckets: compare a digest (bucket
     count and a CRC of names and sizes) with one allgather."""
-    layout = ";".join(f"{b.name}:" + ",".join(f"{t.name}/{t.bagua_registered_tensor().numel()}"
+    layout = ";".join(f"{b.name}:" + ",".join(f"{t.bagua_tensor_name}/{t.bagua_registered_tensor().numel()}"
                                               for t in b.tensors) for b in buckets)
     digest = torch.tensor([len(buckets), zlib.crc32(layout.encode())], dtype=torch.int64)
     comm = group.get_global_communicator()
@@ -74,7 +75,7 @@ def profiled_order(ready_order: List[str], tensors: Sequence[BaguaTensor], bucke
     """Rank 0's ready order (``ready_order`` as the backend recorded it),
     when it differs from the buckets' current order; None otherwise.
     Collective when the profile is complete (a broadcast from rank 0)."""
-    names = [t.name for t in tensors]
+    names = [t.bagua_tensor_name for t in tensors]
     if sorted(ready_order) != sorted(names):
         return None  # not a full profile (e.g. weights marked by the algorithm)
     index = {name: i for i, name in enumerate(names)}
