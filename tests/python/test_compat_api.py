@@ -6,7 +6,6 @@ against plain Python."""
 import math
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -18,8 +17,7 @@ COMPAT_WORKERS = Path(__file__).with_name("compat_workers.py")
 
 
 def run_compat(scenario, world_size, tmp_path, **kwargs):
-    with mock.patch.object(launcher, "WORKERS", COMPAT_WORKERS):
-        return launcher.run_workers(scenario, world_size, tmp_path, **kwargs)
+    return launcher.run_workers(scenario, world_size, tmp_path, script=COMPAT_WORKERS, **kwargs)
 
 
 def assert_pairs(results, skip=()):

@@ -326,7 +326,7 @@ class _NamedBackend(core.Backend):
     """A runtime backend with the model name it was asked for."""
 
     def __init__(self, model_name: str, rank: int):
-        super().__init__(rank, env.get_comm_timeout_s(), timeline.get(rank))
+        super().__init__(rank, timeline=timeline.get(rank))
         self.model_name = model_name
 
 
