@@ -35,7 +35,7 @@ ALGORITHMS = {
     "bytegrad": (sgd, lambda opt, args: bytegrad.ByteGradAlgorithm()),
     "qadam": (lambda model, args: q_adam.QAdamOptimizer(model.parameters(), lr=args.adam_lr,
                                                          warmup_steps=args.warmup_steps),
-              lambda opt, args: q_adam.QAdamAlgorithm(opt)),
+              lambda opt, args: q_adam.QAdamAlgorithm(opt, hierarchical=not args.flat)),
     "low_precision_decentralized": (
         sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm()),
     "decentralized": (sgd, lambda opt, args: decentralized.DecentralizedAlgorithm(
@@ -81,6 +81,8 @@ def main():
     parser.add_argument("--adam-lr", type=float, default=0.002, help="QAdam learning rate")
     parser.add_argument("--warmup-steps", type=int, default=100,
                         help="QAdam / async model average warmup steps")
+    parser.add_argument("--flat", action="store_true",
+                        help="QAdam: compress among all ranks, not among the node leaders")
     parser.add_argument("--sync-interval-ms", type=int, default=10,
                         help="async model average: milliseconds between averaging rounds")
     parser.add_argument("--seed", type=int, default=0)

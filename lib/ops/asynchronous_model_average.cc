@@ -78,33 +78,28 @@ void AsyncModelAverageOp::start_locked() {
   thread_ = std::jthread([this](const std::stop_token& stop) { loop(stop); });
 }
 
+// The weight lock is held from lock() to unlock() across calls, so it is a
+// unique_lock released to the caller only once lock() has succeeded; on every
+// other path (a failing event record, service or device wait) the guard
+// unlocks it.
 void AsyncModelAverageOp::lock(bool on_stream, void* cuda_stream) {
-  weight_mutex_.lock();
-  try {
-    EventPool::Lease now;
-    if (on_stream && device_.type == DeviceType::kCUDA) {
-      now = cuda_event_pool(device_.index).acquire();
-      cuda_event_record(now.get(), cuda_stream);
-    }
-    service_locked(now.get());
-  } catch (...) {
-    weight_mutex_.unlock();
-    throw;
+  std::unique_lock weights(weight_mutex_);
+  EventPool::Lease now;
+  if (on_stream && device_.type == DeviceType::kCUDA) {
+    now = cuda_event_pool(device_.index).acquire();
+    cuda_event_record(now.get(), cuda_stream);
   }
+  service_locked(now.get());
+  weights.release();  // held until unlock()
 }
 
 void AsyncModelAverageOp::unlock(bool on_stream, void* cuda_stream) {
+  const std::unique_lock weights(weight_mutex_, std::adopt_lock);  // unlocked on every path
   if (on_stream && device_.type == DeviceType::kCUDA) {
-    try {
-      auto event = cuda_event_pool(device_.index).acquire();
-      cuda_event_record(event.get(), cuda_stream);
-      released_ = std::move(event);
-    } catch (...) {
-      weight_mutex_.unlock();
-      throw;
-    }
+    auto event = cuda_event_pool(device_.index).acquire();
+    cuda_event_record(event.get(), cuda_stream);
+    released_ = std::move(event);
   }
-  weight_mutex_.unlock();
 }
 
 void AsyncModelAverageOp::abort() {
@@ -160,6 +155,7 @@ void AsyncModelAverageOp::rethrow_failure() const {
 void AsyncModelAverageOp::service_locked(void* after) {
   std::unique_lock lock(state_mutex_);
   if (!want_snapshot_ && !delta_ready_) return;
+  if (service_fault_) service_fault_();
   if (device_.type == DeviceType::kCUDA) {
     // The training stream's work on the weights comes first.
     if (released_) cuda_stream_wait_event(stream_.get(), released_.get());
@@ -199,9 +195,8 @@ void AsyncModelAverageOp::await_service(const std::stop_token& stop, Done&& done
       std::unique_lock lock(state_mutex_);
       if (done()) return;
     }
-    if (weight_mutex_.try_lock()) {  // training is not using the weights: do it here
-      service_locked();
-      weight_mutex_.unlock();
+    if (std::unique_lock weights(weight_mutex_, std::try_to_lock); weights.owns_lock()) {
+      service_locked();  // training is not using the weights: do it here
       continue;
     }
     std::unique_lock lock(state_mutex_);
@@ -236,6 +231,10 @@ void AsyncModelAverageOp::loop(const std::stop_token& stop) {
     std::lock_guard lock(state_mutex_);
     failure_ = std::current_exception();
     status_ = AsyncStatus::kFailed;
+    // No round will use a snapshot or an update now: lock_weight has
+    // nothing left to do.
+    want_snapshot_ = false;
+    delta_ready_ = false;
   }
   state_changed_.notify_all();
 }

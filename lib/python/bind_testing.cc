@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <string_view>
 
 #include "bagua/comm/store.h"
 #include "bagua/compression/minmax_uint8_view.h"
@@ -82,6 +83,15 @@ void bind_pools(py::module_& t) {
   });
 }
 
+// The host compressor reads and writes through plain pointers: a CUDA view
+// would be dereferenced on the host (a crash), so it is refused up front.
+void check_host_view(const TensorView& view, std::string_view op, std::string_view which) {
+  BAGUA_CHECK_ARG(view.device.type == DeviceType::kCPU,
+                  "{}: {} is {}: the host compressor takes host memory only (the CUDA kernels "
+                  "are cuda_minmax_uint8_compress / cuda_minmax_uint8_decompress)",
+                  op, which, view.describe());
+}
+
 // The host MinMaxUInt8 compressor on one chunk.
 void bind_host_compressor(py::module_& t) {
   t.def("minmax_uint8_compressed_bytes",
@@ -89,6 +99,8 @@ void bind_host_compressor(py::module_& t) {
   t.def(
       "minmax_uint8_compress",
       [](const TensorView& input, const TensorView& output) {
+        check_host_view(input, "minmax_uint8_compress", "input");
+        check_host_view(output, "minmax_uint8_compress", "output");
         check_compressible(input.dtype, "minmax_uint8_compress");
         BAGUA_CHECK_ARG(output.nbytes() == minmax_uint8::compressed_bytes(input.numel),
                         "minmax_uint8_compress: output has {} bytes, {} needed", output.nbytes(),
@@ -99,6 +111,8 @@ void bind_host_compressor(py::module_& t) {
   t.def(
       "minmax_uint8_decompress",
       [](const TensorView& input, const TensorView& output, bool accumulate) {
+        check_host_view(input, "minmax_uint8_decompress", "input");
+        check_host_view(output, "minmax_uint8_decompress", "output");
         check_compressible(output.dtype, "minmax_uint8_decompress");
         BAGUA_CHECK_ARG(input.nbytes() == minmax_uint8::compressed_bytes(output.numel),
                         "minmax_uint8_decompress: input has {} bytes, {} expected", input.nbytes(),

@@ -23,7 +23,8 @@ Backend::Backend(BackendOptions options) : options_(std::move(options)) {
 Backend::~Backend() {
   thread_.request_stop();
   changed_.notify_all();
-  // jthread joins here; a running op finishes or hits its transport timeout.
+  // jthread joins here: a running op finishes or hits its transport timeout
+  // (after a failure it was aborted already); no queued bucket starts.
 }
 
 void Backend::register_ordered_buckets(std::vector<std::shared_ptr<Bucket>> buckets) {
@@ -140,6 +141,12 @@ void Backend::wait_pending_comm_ops() {
         "rank {}: wait_pending_comm_ops timed out after {} ms (BAGUA_COMM_TIMEOUT_S): {}",
         options_.rank, options_.timeout.count(), describe_pending_locked()));
     failure_ = std::make_exception_ptr(error);
+    // The op in flight will not be waited for: abort its communicators, so
+    // it ends as soon as the transport allows and nothing follows it.
+    const std::shared_ptr<CommOp> running = running_comm_op_;
+    lock.unlock();
+    if (running) running->abort_communication();
+    changed_.notify_all();
     throw error;
   }
   for (auto& flags : tensor_ready_) flags.assign(flags.size(), false);
@@ -216,6 +223,12 @@ void Backend::communication_loop(const std::stop_token& stop) {
     if (stop.stop_requested()) return;
     const std::size_t index = queue_.front();
     queue_.pop_front();
+    if (failure_) {
+      // Failed: this rank issues no further collective. The bucket completes
+      // unexecuted; the training thread's wait rethrows the stored failure.
+      ++completed_;
+      continue;
+    }
     auto bucket = buckets_[index];
     running_bucket_ = bucket->name();
     lock.unlock();
@@ -223,6 +236,7 @@ void Backend::communication_loop(const std::stop_token& stop) {
     lock.lock();
     running_bucket_.clear();
     running_op_.clear();
+    running_comm_op_.reset();
     if (failure && !failure_) failure_ = failure;
     ++completed_;
     lock.unlock();
@@ -252,6 +266,11 @@ std::exception_ptr Backend::run_bucket(std::size_t index, Bucket& bucket) {
     try {
       run_op(index, op_index, bucket);
     } catch (const std::exception& e) {
+      // A timeout or transport failure leaves the peers mid-collective: abort
+      // (an argument error was raised before anything was sent).
+      if (dynamic_cast<const InvalidArgument*>(&e) == nullptr) {
+        bucket.ops()[op_index]->abort_communication();
+      }
       return annotate(e, bucket.ops()[op_index]->name(), bucket);
     }
   }
@@ -263,6 +282,7 @@ std::exception_ptr Backend::run_bucket(std::size_t index, Bucket& bucket) {
           stream, options_.timeout,
           fmt::format("rank {}: device work of bucket '{}'", options_.rank, bucket.name()));
     } catch (const std::exception& e) {
+      for (const auto& op : bucket.ops()) op->abort_communication();  // kernels may be stuck
       return annotate(e, "wait for the communication stream", bucket);
     }
   }
@@ -282,6 +302,7 @@ void Backend::run_op(std::size_t index, std::size_t op_index, Bucket& bucket) {
   {
     std::lock_guard guard(mutex_);
     running_op_ = std::string(op->name());
+    running_comm_op_ = op;
   }
   const auto start = std::chrono::steady_clock::now();
   const std::int64_t start_us = options_.timeline ? options_.timeline->now_us() : 0;

@@ -1,10 +1,12 @@
 // The backend: buckets run in registration order whatever order tensors
 // become ready in, the C_FP_S op gives the reference sum/average (flat,
 // scatter-gather, hierarchical; flattened or not), failures and hangs reach
-// the waiting thread with rank, op and bucket named.
+// the waiting thread with rank, op and bucket named, and a failed rank runs
+// no further bucket, aborts its communicators and is destroyed promptly.
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -23,6 +25,37 @@ namespace {
 TensorView view_of(std::vector<float>& data) {
   return TensorView{data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32, {}};
 }
+
+// A collective whose peer never arrives, on a transport that hangs until its
+// own timeout (as NCCL's kernels do) unless aborted.
+class StuckOp final : public CommOp {
+ public:
+  StuckOp(std::chrono::milliseconds timeout, std::atomic<int>& started)
+      : timeout_(timeout), started_(started) {}
+  std::string_view name() const override { return "stuck_collective"; }
+  void execute(Bucket& /*bucket*/) override {
+    ++started_;
+    std::unique_lock lock(mutex_);
+    if (!aborted_changed_.wait_for(lock, timeout_, [&] { return aborted_; })) {
+      throw TimeoutError("stuck_collective: the peer never arrived");
+    }
+    throw BackendError("stuck_collective: the communicator was aborted");
+  }
+  void abort_communication() noexcept override {
+    {
+      std::lock_guard lock(mutex_);
+      aborted_ = true;
+    }
+    aborted_changed_.notify_all();
+  }
+
+ private:
+  std::chrono::milliseconds timeout_;
+  std::atomic<int>& started_;
+  std::mutex mutex_;
+  std::condition_variable aborted_changed_;
+  bool aborted_ = false;
+};
 
 }  // namespace
 
@@ -232,6 +265,140 @@ TEST_CASE("a rank that never joins a bucket's collective: the watchdog names ran
   CHECK(errors[0].find("rank 0") != std::string::npos);
   CHECK(errors[0].find("bucket 'grads7'") != std::string::npos);
   CHECK(errors[0].find("centralized_synchronous") != std::string::npos);
+}
+
+TEST_CASE("a rank that never arrives: the others fail within the timeout, run no later bucket, "
+          "abort, and are destroyed promptly") {
+  using Clock = std::chrono::steady_clock;
+  const auto timeout = std::chrono::milliseconds(1000);
+  const int world = 3;
+  const int missing = 2;
+  // Waiting at once, and after 2.5 timeouts of computing (the backward pass
+  // of a large model): by then b0's allreduce has long timed out, and b1
+  // and b2 are queued behind it.
+  for (const auto compute : {std::chrono::milliseconds(0), 5 * timeout / 2}) {
+    CAPTURE(compute.count());
+    std::vector<std::string> errors(world);
+    std::vector<double> seconds_to_error(world, 0.0), seconds_to_destroy(world, 0.0);
+    std::vector<int> later_buckets_run(world, 0);
+    std::vector<std::string> after_abort(world);
+    std::atomic<int> finished{0};
+    testing::run_ranks(
+        world,
+        [&](Communicator& comm_ref) {
+          const int rank = comm_ref.rank();
+          std::shared_ptr<Communicator> comm = comm_ref.new_group(std::vector<int>{0, 1, 2});
+          std::vector<std::vector<float>> data(3, std::vector<float>(64, 1.0f));
+          std::atomic<int> ran_after_b0{0};
+          std::vector<std::shared_ptr<Bucket>> buckets;
+          for (int b = 0; b < 3; ++b) {
+            auto bucket = std::make_shared<Bucket>(
+                fmt::format("b{}", b),
+                std::vector<BucketTensor>{{fmt::format("t{}", b), view_of(data[b])}});
+            if (b > 0) {
+              bucket->append_op(
+                  std::make_unique<CallbackOp>([&](const std::string&) { ++ran_after_b0; }));
+            }
+            bucket->append_op(std::make_unique<CentralizedSynchronousOp>(
+                comm, nullptr, CentralizedSynchronousOptions{}));
+            buckets.push_back(bucket);
+          }
+          auto backend = std::make_unique<Backend>(
+              BackendOptions{.rank = rank, .timeout = timeout, .timeline = nullptr});
+          backend->register_ordered_buckets(buckets);
+          if (rank == missing) {  // alive, connected, but never marks anything
+            const auto limit = Clock::now() + 10 * timeout;
+            while (finished.load() < world - 1 && Clock::now() < limit) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+            return;
+          }
+          const auto start = Clock::now();
+          for (int b = 0; b < 3; ++b) backend->mark_communication_ready(fmt::format("t{}", b));
+          std::this_thread::sleep_for(compute);
+          try {
+            backend->wait_pending_comm_ops();
+          } catch (const TimeoutError& e) {
+            errors[rank] = e.what();
+          }
+          seconds_to_error[rank] = std::chrono::duration<double>(Clock::now() - start).count();
+          const auto destroy = Clock::now();
+          backend.reset();
+          seconds_to_destroy[rank] = std::chrono::duration<double>(Clock::now() - destroy).count();
+          later_buckets_run[rank] = ran_after_b0.load();
+          // The bucket communicator was aborted: a later collective fails at once.
+          std::vector<float> probe(4);
+          try {
+            comm->allreduce(view_of(probe), view_of(probe), ReduceOp::kSum);
+          } catch (const std::exception& e) {
+            after_abort[rank] = e.what();
+          }
+          ++finished;
+        },
+        timeout);
+    const double seconds = std::chrono::duration<double>(timeout).count();
+    const double waited = std::chrono::duration<double>(compute).count();
+    for (int rank = 0; rank < world; ++rank) {
+      if (rank == missing) continue;
+      CAPTURE(rank);
+      CAPTURE(errors[rank]);
+      CHECK(errors[rank].find(fmt::format("rank {}", rank)) != std::string::npos);
+      CHECK(errors[rank].find("'b0'") != std::string::npos);
+      CHECK(errors[rank].find("centralized_synchronous") != std::string::npos);
+      CHECK(seconds_to_error[rank] < std::max(waited, seconds) + 0.6 * seconds);
+      CHECK(later_buckets_run[rank] == 0);  // b1 and b2 failed fast: nothing issued
+      CHECK(seconds_to_destroy[rank] < 0.5 * seconds);
+      CHECK(after_abort[rank].find("aborted") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("after a failure no bucket starts and destruction does not wait for stuck collectives") {
+  using Clock = std::chrono::steady_clock;
+  const auto timeout = std::chrono::milliseconds(400);
+  struct Case {
+    std::chrono::milliseconds op_timeout;  // the transport's own
+    std::chrono::milliseconds compute;     // before wait_pending_comm_ops
+  };
+  // The transport gives up later than the backend (the wait times out with
+  // b0 in flight: it must be aborted); or as late, with the training thread
+  // computing while b0 fails (b1 and b2 must not start).
+  for (const Case c : {Case{3 * timeout, std::chrono::milliseconds(0)},
+                       Case{timeout, 3 * timeout / 2}}) {
+    CAPTURE(c.op_timeout.count());
+    CAPTURE(c.compute.count());
+    std::atomic<int> started{0};
+    std::vector<std::vector<float>> data(3, std::vector<float>(4));
+    std::vector<std::shared_ptr<Bucket>> buckets;
+    for (int b = 0; b < 3; ++b) {
+      auto bucket = std::make_shared<Bucket>(
+          fmt::format("b{}", b),
+          std::vector<BucketTensor>{{fmt::format("t{}", b), view_of(data[b])}});
+      bucket->append_op(std::make_shared<StuckOp>(c.op_timeout, started));
+      buckets.push_back(bucket);
+    }
+    auto backend = std::make_unique<Backend>(
+        BackendOptions{.rank = 4, .timeout = timeout, .timeline = nullptr});
+    backend->register_ordered_buckets(buckets);
+    for (int b = 0; b < 3; ++b) backend->mark_communication_ready(fmt::format("t{}", b));
+    std::this_thread::sleep_for(c.compute);
+    std::string error;
+    try {
+      backend->wait_pending_comm_ops();
+    } catch (const TimeoutError& e) {
+      error = e.what();
+    }
+    CAPTURE(error);
+    CHECK(error.find("rank 4") != std::string::npos);
+    CHECK(error.find("stuck_collective") != std::string::npos);
+    CHECK(error.find("bucket 'b0'") != std::string::npos);
+    CHECK_THROWS_AS(backend->mark_communication_ready("t0"), TimeoutError);  // stays failed
+    const auto destroy = Clock::now();
+    backend.reset();
+    const double destroy_seconds = std::chrono::duration<double>(Clock::now() - destroy).count();
+    CHECK(destroy_seconds < 0.25 * std::chrono::duration<double>(timeout).count());
+    CHECK(started.load() == 1);
+  }
 }
 
 TEST_CASE("the NCCL backend says why it cannot run, instead of crashing") {

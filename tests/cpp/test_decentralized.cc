@@ -1,9 +1,11 @@
 // Decentralized primitives: shift_one pairing, one D_FP_S step of each mode
 // against a reference computed here, and the asynchronous model average's
-// rounds, abort agreement and resume.
+// rounds, abort agreement and resume, and its weight lock surviving a
+// failure.
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <thread>
@@ -166,5 +168,51 @@ TEST_CASE("asynchronous model average rejects unsupported modes and dtypes") {
     CHECK_THROWS_AS(AsyncModelAverageOp(dedicated, int_bucket, AsyncModelAverageOptions{}),
                     InvalidArgument);
     CHECK_THROWS_AS(parse_peer_selection("star"), InvalidArgument);
+  });
+}
+
+TEST_CASE("asynchronous model average: a failure while servicing the weights releases their lock") {
+  using namespace std::chrono_literals;
+  testing::run_ranks(1, [&](Communicator& comm) {
+    std::vector<double> w(4, 1.0);
+    Bucket bucket("w", {{"w", view_of(w)}});
+    auto op = std::make_shared<AsyncModelAverageOp>(
+        all_ranks(comm), bucket,
+        AsyncModelAverageOptions{.peer_selection = PeerSelection::kAll, .sync_interval = 1ms});
+    // The first service (the background thread's snapshot, taken while the
+    // training thread does not hold the lock) fails as a device wait would.
+    auto faults = std::make_shared<std::atomic<int>>(0);
+    op->set_service_fault_for_testing([faults] {
+      if (faults->fetch_add(1) == 0) throw TimeoutError("injected: device work did not finish");
+    });
+    op->execute(bucket);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (op->status() == AsyncStatus::kRunning && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(op->status() == AsyncStatus::kFailed);
+    CHECK_THROWS_WITH_AS(op->rethrow_failure(), doctest::Contains("injected"), TimeoutError);
+    // Training goes on locking the weights. A lock left held by the failure
+    // would block forever: try from a thread of its own (detached, keeping
+    // the op alive, so that a regression fails here instead of hanging).
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread([op, done] {
+      op->lock_weight();
+      op->unlock_weight();
+      done->store(true);
+    }).detach();
+    const auto lock_deadline = std::chrono::steady_clock::now() + 3s;
+    while (!done->load() && std::chrono::steady_clock::now() < lock_deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    CHECK_MESSAGE(done->load(), "lock_weight() blocked: the failed service left the lock held");
+    if (!done->load()) return;
+    // reset() clears the failure; the rounds start again and average.
+    op->reset();
+    op->execute(bucket);
+    while (op->completed_rounds() < 1) std::this_thread::sleep_for(1ms);
+    op->abort();
+    op->rethrow_failure();
+    CHECK(op->status() == AsyncStatus::kStopped);
   });
 }

@@ -1,8 +1,11 @@
 """MinMaxUInt8 through the Python module: same codes as an independent
 reference, the documented byte layout, the NaN/Inf and constant-chunk rules,
-the error bound; and bad input for the low-precision algorithms."""
+the error bound; and bad input for the low-precision algorithms and for the
+host compressor (CUDA views)."""
 
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -82,3 +85,39 @@ def test_low_precision_algorithm_arguments_are_checked():
         decentralized.LowPrecisionDecentralizedAlgorithm(communication_interval=0)
     with pytest.raises(bagua.InvalidArgumentError, match="hierarchical"):
         bytegrad.ByteGradAlgorithm(hierarchical="no")
+
+
+def test_the_host_compressor_rejects_cuda_views():
+    # A CUDA pointer read on the host is a crash: in a child process, so that
+    # a regression fails this test instead of killing the run.
+    code = """
+import bagua_core
+t = bagua_core._testing
+
+fake_gpu = 0x7f0000000000  # not host memory: must never be dereferenced
+calls = {
+    "compress(cuda input)": lambda: t.minmax_uint8_compress(
+        bagua_core.TensorView(fake_gpu, 16, "float32", "cuda:0"),
+        bagua_core.TensorView(fake_gpu, 24, "uint8", "cpu")),
+    "compress(cuda output)": lambda: t.minmax_uint8_compress(
+        bagua_core.TensorView(fake_gpu, 16, "float32", "cpu"),
+        bagua_core.TensorView(fake_gpu, 24, "uint8", "cuda:0")),
+    "decompress(cuda input)": lambda: t.minmax_uint8_decompress(
+        bagua_core.TensorView(fake_gpu, 24, "uint8", "cuda:0"),
+        bagua_core.TensorView(fake_gpu, 16, "float32", "cpu")),
+    "decompress(cuda output)": lambda: t.minmax_uint8_decompress(
+        bagua_core.TensorView(fake_gpu, 24, "uint8", "cpu"),
+        bagua_core.TensorView(fake_gpu, 16, "float32", "cuda:1")),
+}
+for name, call in calls.items():
+    try:
+        call()
+    except bagua_core.InvalidArgumentError as e:
+        assert "cuda" in str(e) and "host" in str(e), (name, str(e))
+        print("rejected", name)
+    else:
+        raise SystemExit(f"{name} was accepted")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert proc.stdout.count("rejected") == 4, proc.stdout

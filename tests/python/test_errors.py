@@ -63,3 +63,26 @@ def test_nccl_backend_request_without_nccl_is_a_clear_error(tmp_path):
             continue
         name, message, mro = r["nccl"]
         assert "RuntimeError" in mro and "BAGUA_BACKEND=nccl" in message and reason in message, message
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "-0.5"])
+def test_a_non_positive_comm_timeout_is_refused_at_init(value, tmp_path):
+    # A zero or negative timeout would make every wait fail at once (or, read
+    # as "unset", never): init_process_group refuses it, naming the variable.
+    import os
+    import subprocess
+    import sys
+
+    from launcher import free_port
+
+    code = ("import bagua.torch_api as bagua\n"
+            "try:\n"
+            "    bagua.init_process_group()\n"
+            "except bagua.InvalidArgumentError as e:\n"
+            "    print('refused:', e)\n")
+    env = dict(os.environ, BAGUA_COMM_TIMEOUT_S=value, RANK="0", WORLD_SIZE="1",
+               LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"refused: environment variable BAGUA_COMM_TIMEOUT_S='{value}' is invalid" in proc.stdout, proc.stdout

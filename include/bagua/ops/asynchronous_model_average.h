@@ -22,6 +22,10 @@
 // host waiting for the op's stream, so work the training thread enqueues
 // after lock_weight returns comes after the update.
 //
+// A service that throws (a device wait past the timeout, say) leaves the
+// weight lock free: the failure is the round's, stored and reported by
+// status()/rethrow_failure(); training can still lock the weights.
+//
 // Threading: lock_weight/unlock_weight from the training thread;
 // abort/resume/reset/status from any thread. Lock order: weight lock, then
 // the state lock. Every wait is bounded by the communicator's timeout.
@@ -30,6 +34,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -94,6 +99,14 @@ class AsyncModelAverageOp final : public CommOp {
   // The failure of the background thread, if it failed (rethrown).
   void rethrow_failure() const;
 
+  // Testing: `fault` runs at the start of every snapshot/update service
+  // (under the weight lock, on whichever thread services); what it throws
+  // is what a failing device wait or copy would throw there. Set before
+  // execute(); empty: none.
+  void set_service_fault_for_testing(std::function<void()> fault) {
+    service_fault_ = std::move(fault);
+  }
+
  private:
   void lock(bool on_stream, void* cuda_stream);
   void unlock(bool on_stream, void* cuda_stream);
@@ -138,6 +151,7 @@ class AsyncModelAverageOp final : public CommOp {
   // CUDA: recorded on the training stream by the last unlock_weight (guarded
   // by the weight lock).
   EventPool::Lease released_;
+  std::function<void()> service_fault_;  // testing only
   std::jthread thread_;
 };
 

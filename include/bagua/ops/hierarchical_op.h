@@ -26,6 +26,13 @@
 namespace bagua {
 
 class HierarchicalOp : public CommOp {
+ public:
+  void abort_communication() noexcept override {
+    global_->abort();
+    if (hierarchy_ && hierarchy_->intra) hierarchy_->intra->abort();
+    if (hierarchy_ && hierarchy_->inter) hierarchy_->inter->abort();
+  }
+
  protected:
   // `label` names the op in errors ("C_FP_S"); `hierarchy` is required when
   // `hierarchical` is set.

@@ -22,6 +22,13 @@
 //   TimeoutError naming the rank, the op and the bucket, or the tensors that
 //   were never marked ready.
 // - After a failure the backend stays failed: every later call rethrows it.
+//   The communication thread runs no further bucket (queued ones complete at
+//   once, unexecuted), and the communicators of an op that failed or overran
+//   the timeout are aborted (CommOp::abort_communication), so a failed rank
+//   issues no collective its peers may not match.
+// - Destruction waits for the op in flight only, which its communicator's
+//   timeout bounds (and which is aborted already after a failure); no later
+//   bucket starts.
 //
 // Threading: the training-thread methods may be called from one thread at a
 // time (autograd hooks and the post-backward callback); the communication
@@ -128,9 +135,11 @@ class Backend {
   std::size_t iterations_ = 0;
   std::vector<std::vector<OpStats>> op_stats_;  // [bucket][op]
 
-  // What the communication thread is doing, for timeout messages.
+  // What the communication thread is doing, for timeout messages, and the
+  // op in flight, to abort it when the training thread's wait times out.
   std::string running_op_;
   std::string running_bucket_;
+  std::shared_ptr<CommOp> running_comm_op_;
   std::exception_ptr failure_;
 
   std::jthread thread_;  // last member: joined before the state it uses goes away

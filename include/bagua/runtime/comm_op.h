@@ -28,6 +28,12 @@ class CommOp {
   virtual ~CommOp() = default;
   virtual std::string_view name() const = 0;
   virtual void execute(Bucket& bucket) = 0;
+  // Makes the op's communicators unusable (Communicator::abort): the backend
+  // calls it, from any thread, when the op failed or overran the timeout, so
+  // that this rank issues no further collective its peers may not match and
+  // a call in flight ends as soon as the transport allows. Ops without
+  // communicators of their own keep the default.
+  virtual void abort_communication() noexcept {}
 
   // Bytes this op has sent over all its executions (the communicators'
   // payload counts, see CommCounters).
