@@ -384,7 +384,8 @@ class GlooCommunicator final : public Communicator {
             "Gloo rendezvous of group '{}' (seen on rank {} of {}): rank {} (host '{}') would "
             "advertise {} to its peers, a loopback address (does the hostname resolve to "
             "loopback?), but rank {} (host '{}') is on another host or network namespace and "
-            "cannot reach it. Set GLOO_SOCKET_IFNAME to the network interface to use (e.g. eth0), or "
+            "cannot reach it. Set GLOO_SOCKET_IFNAME to the network interface to use (e.g. eth0), "
+            "or "
             "BAGUA_GLOO_HOSTNAME to an address of each host that the other hosts can reach",
             options_.prefix, rank_, size_, r, local.hostname, local.address, other,
             remote.hostname));
@@ -397,8 +398,8 @@ class GlooCommunicator final : public Communicator {
   template <typename Fn>
   void run(std::string_view op, Fn&& fn) {
     if (aborted_.load()) {
-      throw BackendError(fmt::format("{} on rank {} of {}: the communicator was aborted", op,
-                                     rank_, size_));
+      throw BackendError(
+          fmt::format("{} on rank {} of {}: the communicator was aborted", op, rank_, size_));
     }
     try {
       fn();

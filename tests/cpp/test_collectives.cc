@@ -278,7 +278,8 @@ TEST_CASE("a peer that never arrives is a TimeoutError naming the op and rank") 
 
 // Connects `world` ranks as threads with per-rank options; one message per
 // rank ("" where it connected).
-std::vector<std::string> connect_errors(int world, const std::function<GlooOptions(int)>& options_of,
+std::vector<std::string> connect_errors(int world,
+                                        const std::function<GlooOptions(int)>& options_of,
                                         std::vector<double>* seconds = nullptr) {
   auto store = make_hash_store();
   std::vector<std::string> errors(static_cast<std::size_t>(world));
