@@ -63,6 +63,80 @@ def timed_steps(model, opt, data, steps):
     return times
 
 
+def timed_stages(model, opt, batch):
+    """Seconds of one training step, by stage: forward (with the loss),
+    backward (for DDP and bagua this includes waiting for the gradients'
+    communication, done in autograd's end-of-backward callback), optimizer
+    step (with bagua's post-step hook), and the total."""
+    import time
+
+    import torch.nn.functional as F
+
+    x, y = batch
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    opt.step()
+    t3 = time.perf_counter()
+    return {"forward": t1 - t0, "backward": t2 - t1, "step": t3 - t2, "total": t3 - t0}
+
+
+def interleaved_steps(runs, batches, steps):
+    """Times `steps` training steps of every (model, optimizer) in `runs`
+    ({kind: (model, opt)}), interleaved step by step with a barrier before
+    each, so drift in machine load hits every kind alike. Returns {kind:
+    {stage: [seconds per step]}} with each step's maximum over ranks (the
+    slowest rank sets the pace). Collective."""
+    import torch
+
+    import bagua.torch_api as bagua
+
+    samples = {kind: [] for kind in runs}
+    for i in range(steps):
+        batch = batches[i % len(batches)]
+        for kind, (model, opt) in runs.items():
+            bagua.barrier()
+            samples[kind].append(timed_stages(model, opt, batch))
+    result = {}
+    for kind, rows in samples.items():
+        stages = list(rows[0])
+        t = torch.tensor([[row[s] for s in stages] for row in rows], dtype=torch.float64)
+        bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
+        result[kind] = {s: t[:, j].tolist() for j, s in enumerate(stages)}
+    return result
+
+
+def quantiles(values):
+    """median and p90 of `values`."""
+    import statistics
+
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+    return {"median": statistics.median(ordered), "p90": p90}
+
+
+class BusyLoad:
+    """`count` extra processes spinning on the CPU while the benchmark runs
+    (the "busy machine" condition); a context manager."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.procs = []
+
+    def __enter__(self):
+        for _ in range(self.count):
+            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
 def median_slowest(samples):
     """{name: [step seconds]} -> {name: median over steps of the slowest
     rank's time}. Collective: every rank calls it with its own samples."""

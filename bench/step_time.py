@@ -1,29 +1,44 @@
 """Training step time: bagua's algorithms against PyTorch DDP (Gloo).
 
-Same model, same data, same world size, same processes, in one run: each
-worker times DDP and every bagua algorithm in alternating rounds (so drift in
-machine load hits all of them) and the median step time of each is compared.
+Same model, same data, same world size, same processes: each worker runs DDP
+and every bagua algorithm interleaved step by step, with a barrier before
+each step, so drift in machine load hits all of them alike. A step's time is
+the maximum over ranks; each kind gets the median and p90 of those. The whole
+comparison (fresh processes) is repeated `--repeats` times and the spread of
+the ratio over the repeats is printed.
 
     /usr/bin/python3 bench/step_time.py                       # world sizes 2 and 4
     /usr/bin/python3 bench/step_time.py --world-sizes 2 --algorithms gradient_allreduce,bytegrad
+    /usr/bin/python3 bench/step_time.py --busy 1              # one extra process spinning
 
-Prints a table with the ratio DDP / algorithm (> 1: faster than DDP) and
-writes bench/results/step_time.json.
+Prints, per model and world size, each kind's median and p90 step time, the
+median time of each stage (forward, backward with the communication wait,
+optimizer step), and the ratio algorithm / DDP (< 1: faster than DDP) with
+its range over the repeats; writes bench/results/step_time.json.
 """
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import launch, machine, median_slowest, timed_steps  # noqa: E402
+from common import BusyLoad, interleaved_steps, launch, machine, quantiles  # noqa: E402
 
 MODELS = {
-    # a few large tensors: 3 x 1024-wide layers, 2.2 M parameters
+    # a few large tensors: 3 x 1024-wide layers, 8 tensors, 2.1 M parameters
     "wide_mlp": dict(width=1024, depth=3, input=512),
     # many small tensors: 24 x 128-wide layers, 50 tensors
     "deep_mlp": dict(width=128, depth=24, input=128),
+}
+
+ALGORITHMS = {
+    "gradient_allreduce": ("gradient_allreduce", "GradientAllReduceAlgorithm", {}),
+    "bytegrad": ("bytegrad", "ByteGradAlgorithm", {"hierarchical": False}),
+    "decentralized": ("decentralized", "DecentralizedAlgorithm", {"hierarchical": False}),
+    "low_precision_decentralized":
+        ("decentralized", "LowPrecisionDecentralizedAlgorithm", {"hierarchical": False}),
 }
 
 
@@ -37,20 +52,38 @@ def build_model(spec):
     return torch.nn.Sequential(*layers)
 
 
+def make_algorithm(kind):
+    import importlib
+
+    module, cls, kwargs = ALGORITHMS[kind]
+    return getattr(importlib.import_module(f"bagua.torch_api.algorithms.{module}"), cls)(**kwargs)
+
+
+def make_run(kind, spec):
+    import torch
+
+    torch.manual_seed(0)
+    model = build_model(spec)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if kind == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        model = model.with_bagua([opt], make_algorithm(kind))
+    return model, opt
+
+
+def summarize(samples):
+    """{kind: {stage: [s]}} -> {kind: {stage: {median, p90}}}."""
+    return {kind: {stage: quantiles(values) for stage, values in stages.items()}
+            for kind, stages in samples.items()}
+
+
 def worker(args):
     import torch
 
     import bagua.torch_api as bagua
-    from bagua.torch_api.algorithms import bytegrad, decentralized, gradient_allreduce
 
-    algorithms = {
-        "gradient_allreduce": lambda: gradient_allreduce.GradientAllReduceAlgorithm(),
-        "bytegrad": lambda: bytegrad.ByteGradAlgorithm(hierarchical=False),
-        "low_precision_decentralized":
-            lambda: decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False),
-    }
     kinds = ["ddp"] + args.algorithms.split(",")
-
     torch.set_num_threads(1)
     bagua.init_process_group()
     rank = bagua.get_rank()
@@ -59,52 +92,60 @@ def worker(args):
         g = torch.Generator().manual_seed(rank)
         batches = [(torch.randn(args.batch, spec["input"], generator=g),
                     torch.randint(0, 10, (args.batch,), generator=g)) for _ in range(8)]
-
-        def make(kind):
-            torch.manual_seed(0)
-            model = build_model(spec)
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
-            if kind == "ddp":
-                model = torch.nn.parallel.DistributedDataParallel(model)
-            else:
-                model = model.with_bagua([opt], algorithms[kind]())
-            return model, opt
-
-        def time_steps(model, opt, steps):
-            return timed_steps(model, opt, batches, steps)
-
-        runs = {kind: make(kind) for kind in kinds}
-        for kind, (model, opt) in runs.items():
-            time_steps(model, opt, args.warmup)  # includes bagua's profiling iteration
-        samples = {kind: [] for kind in kinds}
-        for _ in range(args.rounds):
-            for kind, (model, opt) in runs.items():
-                bagua.barrier()
-                samples[kind] += time_steps(model, opt, args.steps)
-        # the slowest rank sets the pace: take each step's max over ranks
-        summary = median_slowest(samples)
-        params = sum(p.numel() for p in build_model(spec).parameters())
-        tensors = len(list(build_model(spec).parameters()))
-        results[model_name] = {"step_s": summary, "parameters": params, "tensors": tensors,
-                               "ratio_ddp_over": {k: summary["ddp"] / v for k, v in summary.items()}}
+        runs = {kind: make_run(kind, spec) for kind in kinds}
+        interleaved_steps(runs, batches, args.warmup)  # includes bagua's profiling iteration
+        stats = summarize(interleaved_steps(runs, batches, args.steps))
+        params = build_model(spec).parameters()
+        results[model_name] = {"stages": stats, "tensors": len(list(params))}
+        del runs
     if rank == 0:
         Path(args.out).write_text(json.dumps(results))
+
+
+def ratios(repeats, world, model, kind):
+    """This kind's median step time over DDP's, one per repeat."""
+    out = []
+    for rep in repeats:
+        stages = rep[world][model]["stages"]
+        out.append(stages[kind]["total"]["median"] / stages["ddp"]["total"]["median"])
+    return out
+
+
+def print_table(report):
+    repeats = report["repeats"]
+    print(f"\n{'model':9} {'world':>5} {'kind':>28} {'median ms':>9} {'p90 ms':>8} "
+          f"{'fwd':>6} {'bwd':>6} {'step':>6} {'x DDP':>6} {'range':>13}")
+    for world, models in repeats[0].items():
+        for model, r in models.items():
+            for kind in r["stages"]:
+                med = lambda stage: statistics.median(  # noqa: E731
+                    rep[world][model]["stages"][kind][stage]["median"] * 1e3 for rep in repeats)
+                p90 = statistics.median(rep[world][model]["stages"][kind]["total"]["p90"] * 1e3
+                                        for rep in repeats)
+                rs = ratios(repeats, world, model, kind)
+                print(f"{model:9} {world:>5} {kind:>28} {med('total'):9.2f} {p90:8.2f} "
+                      f"{med('forward'):6.1f} {med('backward'):6.1f} {med('step'):6.1f} "
+                      f"{statistics.median(rs):6.3f} {min(rs):6.3f}-{max(rs):.3f}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--algorithms", default="gradient_allreduce,bytegrad",
-                        help="comma-separated: gradient_allreduce, bytegrad, low_precision_decentralized")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=3)
+                        help="comma-separated: " + ", ".join(ALGORITHMS))
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per kind")
+    parser.add_argument("--repeats", type=int, default=3, help="whole comparisons, fresh processes each")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--busy", type=int, default=0, help="extra processes spinning on the CPU")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "step_time.json"))
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    unknown = set(args.algorithms.split(",")) - set(ALGORITHMS)
+    if unknown:
+        parser.error(f"unknown algorithms {sorted(unknown)}; choose from {sorted(ALGORITHMS)}")
 
     import tempfile
 
@@ -112,20 +153,16 @@ def main():
 
     sizes = [int(s) for s in args.world_sizes.split(",")]
     report = {"machine": machine(),
-              "config": {"steps": args.steps, "rounds": args.rounds, "batch_per_rank": args.batch},
-              "results": {}}
-    worker_args = ["--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+              "config": {"steps": args.steps, "repeats": args.repeats, "batch_per_rank": args.batch,
+                         "busy_processes": args.busy, "algorithms": args.algorithms},
+              "repeats": []}
+    worker_args = ["--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--batch", str(args.batch), "--algorithms", args.algorithms]
-    with tempfile.TemporaryDirectory() as tmp:
-        for world in tqdm(sizes, desc="world sizes"):
-            report["results"][str(world)] = launch(__file__, world, Path(tmp) / f"world{world}.json",
-                                                   worker_args)
-    print(f"\n{'model':10} {'world':>5} {'algorithm':>28} {'step ms':>9} {'DDP/this':>9}")
-    for world, models in report["results"].items():
-        for name, r in models.items():
-            for kind, seconds in r["step_s"].items():
-                print(f"{name:10} {world:>5} {kind:>28} {seconds * 1e3:9.2f} "
-                      f"{r['ratio_ddp_over'][kind]:9.3f}")
+    with tempfile.TemporaryDirectory() as tmp, BusyLoad(args.busy):
+        for _ in tqdm(range(args.repeats), desc="repeats"):
+            report["repeats"].append({str(world): launch(__file__, world, Path(tmp) / f"world{world}.json",
+                                                         worker_args) for world in sizes})
+    print_table(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

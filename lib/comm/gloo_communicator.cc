@@ -95,6 +95,8 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(std::shared_ptr<Store> store, int rank, int size, GlooOptions options)
       : store_(std::move(store)), options_(std::move(options)) {
     if (options_.timeout.count() <= 0) options_.timeout = env().comm_timeout;
+    shm_options_ = options_.shared_memory.value_or(
+        SharedMemoryOptions{env().shared_memory, env().shared_memory_min_bytes, 0});
     auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options_.timeout);
     auto prefixed = make_prefix_store(options_.prefix, store_);
@@ -123,7 +125,12 @@ class GlooCommunicator final : public Communicator {
  protected:
   void do_allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
     copy_if_distinct(send, recv);
+    // The bytes a ring exchanges, whichever transport carries them.
     count(recv.nbytes() * 2 * (size() - 1) / size());
+    if (SharedMemoryAllreduce* shm = shared_memory_for(recv)) {
+      run_shared_memory(*shm, recv, op);
+      return;
+    }
     if (size() > 1) {
       collective<::gloo::AllreduceOptions>("allreduce", ::gloo::allreduce, [&](auto& opts) {
         set_typed_output(opts, recv);
@@ -260,6 +267,40 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // The shared-memory allreduce when this call may use it. All ranks decide
+  // alike (same size, same options); the first eligible call sets it up,
+  // collectively.
+  SharedMemoryAllreduce* shared_memory_for(const TensorView& buffer) {
+    if (size() == 1 || !shm_options_.enabled ||
+        static_cast<std::int64_t>(buffer.nbytes()) < shm_options_.min_bytes) {
+      return nullptr;
+    }
+    if (!shm_attached_) {
+      shm_attached_ = true;
+      // The setup's three small allgathers are not traffic of the caller's op.
+      const std::int64_t sent = counters_.bytes_sent, received = counters_.bytes_received,
+                         calls = counters_.calls;
+      shm_ = SharedMemoryAllreduce::attach(*this, shm_options_, options_.prefix);
+      counters_.bytes_sent = sent;
+      counters_.bytes_received = received;
+      counters_.calls = calls;
+    }
+    return shm_.get();
+  }
+
+  void run_shared_memory(SharedMemoryAllreduce& shm, const TensorView& buffer, ReduceOp op) {
+    if (aborted_.load()) {
+      throw BackendError(
+          fmt::format("allreduce on rank {} of {}: the communicator was aborted", rank(), size()));
+    }
+    try {
+      shm.allreduce(buffer, op, options_.timeout, aborted_);
+    } catch (...) {
+      aborted_.store(true);  // peers are mid-protocol: the segment's state is lost
+      throw;
+    }
+  }
+
   // Runs one Gloo call, translating its failures into our error types with
   // the op, rank and group named.
   template <typename Fn>
@@ -330,6 +371,9 @@ class GlooCommunicator final : public Communicator {
   std::vector<std::uint64_t> send_sequence_;
   std::vector<std::uint64_t> recv_sequence_;
   std::atomic<bool> aborted_{false};
+  SharedMemoryOptions shm_options_;
+  bool shm_attached_ = false;
+  std::unique_ptr<SharedMemoryAllreduce> shm_;
 };
 
 }  // namespace

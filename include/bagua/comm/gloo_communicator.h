@@ -1,12 +1,15 @@
-// Factory of the Gloo backend (CPU tensors over TCP). The Gloo headers stay
+// Factory of the Gloo backend (CPU tensors over TCP; large allreduces among
+// ranks of one host through shared memory). The Gloo headers stay
 // in lib/comm/gloo_communicator.cc.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "bagua/comm/communicator.h"
+#include "bagua/comm/shared_memory.h"
 #include "bagua/comm/store.h"
 
 namespace bagua {
@@ -20,6 +23,9 @@ struct GlooOptions {
   std::string hostname;
   // Bound on every wait; zero means BAGUA_COMM_TIMEOUT_S.
   std::chrono::milliseconds timeout{0};
+  // Allreduce through shared memory among ranks on one host; unset means
+  // from BAGUA_SHARED_MEMORY and BAGUA_SHARED_MEMORY_MIN_BYTES.
+  std::optional<SharedMemoryOptions> shared_memory;
 };
 
 // Collective over the `size` ranks sharing `store`: connects a full mesh.

@@ -12,6 +12,8 @@
 //   BAGUA_DEFAULT_BUCKET_SIZE     bytes >= 1    10485760 (10 MiB)   default_bucket_bytes
 //   BAGUA_BACKEND                 gloo|nccl     gloo                backend
 //   BAGUA_CHECK_COLLECTIVES       bool (2)      1                   check_collectives
+//   BAGUA_SHARED_MEMORY           bool (2)      1                   shared_memory
+//   BAGUA_SHARED_MEMORY_MIN_BYTES bytes >= 1    65536               shared_memory_min_bytes
 //   BAGUA_GLOO_HOSTNAME           string        (unset)             gloo_hostname
 //   BAGUA_TIMELINE                directory     (unset: off)        timeline
 //   BAGUA_AUTOTUNE                bool (2)      0                   autotune
@@ -56,6 +58,8 @@ struct EnvConfig {
   std::string log_level = "warn";
   std::chrono::milliseconds comm_timeout{300'000};
   std::int64_t default_bucket_bytes = 10LL * 1024 * 1024;
+  bool shared_memory = true;
+  std::int64_t shared_memory_min_bytes = 64 * 1024;
   // Read by the Python package; an empty string means unset.
   std::string backend = "gloo";
   bool check_collectives = true;
@@ -149,6 +153,9 @@ inline EnvConfig read_env() {
   c.comm_timeout = std::chrono::milliseconds(
       std::llround(env_positive_seconds("BAGUA_COMM_TIMEOUT_S", 300.0) * 1000.0));
   c.default_bucket_bytes = env_positive_int("BAGUA_DEFAULT_BUCKET_SIZE", c.default_bucket_bytes);
+  c.shared_memory = env_bool("BAGUA_SHARED_MEMORY", c.shared_memory);
+  c.shared_memory_min_bytes =
+      env_positive_int("BAGUA_SHARED_MEMORY_MIN_BYTES", c.shared_memory_min_bytes);
   c.backend = env_choice("BAGUA_BACKEND", c.backend, {"gloo", "nccl"});
   c.check_collectives = env_bool("BAGUA_CHECK_COLLECTIVES", c.check_collectives);
   c.gloo_hostname = env_string("BAGUA_GLOO_HOSTNAME", c.gloo_hostname);

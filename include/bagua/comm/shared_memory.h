@@ -1,0 +1,99 @@
+// Allreduce through shared memory, for the ranks of a group that share a
+// host.
+//
+// Over loopback TCP an allreduce costs each rank several copies through the
+// kernel per byte plus socket wake-ups; with the buffers in one shared
+// segment it is three memory passes: copy in, reduce this rank's share of
+// every rank's copy, copy the reduced result out. This is what NCCL and MPI
+// do inside a node; PyTorch's Gloo backend does not.
+//
+// Protocol. The buffer is cut into pieces of at most one slot. For piece p
+// (alternating between two slot sets, so copying in the next piece overlaps
+// peers still reading the previous one):
+//   1. copy in: every rank copies its piece into its own slot, then
+//      publishes written = p;
+//   2. reduce: once all have written, rank r reduces segment r of the piece
+//      over the slots in rank order 0, 1, ..., n-1 (so every rank ends with
+//      the same bits) into the set's result area, divides for kAvg, then
+//      publishes reduced = p;
+//   3. copy out: once all have reduced, every rank copies the whole result
+//      piece into its buffer, then publishes consumed = p (a slot set is
+//      rewritten only when every rank has consumed what it held before).
+// Every wait is bounded by the timeout and watches the peers' processes: a
+// peer that exited is an error at once, naming it.
+//
+// Ranks share a host when they run under one kernel boot and share the
+// network, mount and pid namespaces (ranks in separate network namespaces,
+// e.g. behind a shaped link, keep talking over the network).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/core/reduce_op.h"
+#include "bagua/core/tensor_view.h"
+
+namespace bagua {
+
+struct SharedMemoryOptions {
+  // Whether allreduce may use shared memory at all (BAGUA_SHARED_MEMORY).
+  bool enabled = true;
+  // Smaller allreduces stay on the communicator's own transport, where a
+  // round of latency is cheaper than three synchronizations
+  // (BAGUA_SHARED_MEMORY_MIN_BYTES).
+  std::int64_t min_bytes = 64 * 1024;
+  // Bytes of one rank's slot (a piece); 0 picks a size from the world size.
+  std::size_t slot_bytes = 0;
+};
+
+// A key equal on two ranks exactly when they can share a segment (same
+// boot, same network, mount and pid namespaces); empty when undeterminable.
+std::string shared_memory_host_key();
+
+class SharedMemoryAllreduce {
+ public:
+  // Collective over `comm` (which must be usable for allgather and
+  // broadcast): returns the shared-memory allreduce for its ranks, or null
+  // on every rank when they are not all on one host or any rank failed to
+  // map the segment (the reason is logged).
+  static std::unique_ptr<SharedMemoryAllreduce> attach(Communicator& comm,
+                                                       const SharedMemoryOptions& options,
+                                                       const std::string& group_name);
+  ~SharedMemoryAllreduce();
+  SharedMemoryAllreduce(const SharedMemoryAllreduce&) = delete;
+  SharedMemoryAllreduce& operator=(const SharedMemoryAllreduce&) = delete;
+
+  // buffer = op over ranks of buffer (host memory, same size on every rank).
+  // `aborted` is polled while waiting.
+  void allreduce(const TensorView& buffer, ReduceOp op, std::chrono::milliseconds timeout,
+                 const std::atomic<bool>& aborted);
+
+  std::size_t slot_bytes() const { return slot_bytes_; }
+
+ private:
+  struct Control;
+  class Waiter;
+  SharedMemoryAllreduce(void* base, std::size_t bytes, int rank, int size, std::size_t slot_bytes,
+                        std::string group_name);
+  void run_piece(const TensorView& buffer, std::int64_t offset, std::int64_t count, ReduceOp op,
+                 Waiter& waiter);
+  std::byte* slot(std::uint64_t piece, int rank) const;
+  std::byte* result(std::uint64_t piece) const;
+
+  void* base_;
+  std::size_t bytes_;
+  int rank_;
+  int size_;
+  std::size_t slot_bytes_;
+  std::string group_name_;
+  Control* control_;
+  std::byte* data_;
+  std::uint64_t pieces_done_ = 0;  // pieces run so far: equal on every rank
+};
+
+}  // namespace bagua

@@ -1,0 +1,394 @@
+// Shared-memory allreduce: the segment, the waits, the three-stage protocol
+// (see include/bagua/comm/shared_memory.h).
+#include "bagua/comm/shared_memory.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bagua/core/elementwise.h"
+#include "bagua/core/errors.h"
+#include "bagua/core/logging.h"
+
+namespace bagua {
+namespace {
+
+constexpr std::size_t kLine = 64;  // one cache line per rank's counters
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kNameBytes = 128;
+constexpr std::size_t kKeyBytes = 256;
+constexpr std::size_t kSegmentBudget = 64ULL << 20;  // all slots and results of one group
+constexpr std::chrono::milliseconds kSlice{100};     // how often a waiter checks its peers
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string namespace_id(const char* kind) {
+  std::array<char, 128> target{};
+  const auto path = fmt::format("/proc/self/ns/{}", kind);
+  const ssize_t n = ::readlink(path.c_str(), target.data(), target.size() - 1);
+  return n > 0 ? std::string(target.data(), static_cast<std::size_t>(n)) : std::string();
+}
+
+// Slot bytes for `size` ranks: the budget over two sets of size + 1 areas,
+// between 256 KiB and 4 MiB.
+std::size_t default_slot_bytes(int size) {
+  const std::size_t share = kSegmentBudget / (2 * (static_cast<std::size_t>(size) + 1));
+  return std::clamp<std::size_t>(share / kPage * kPage, 256 * 1024, 4 << 20);
+}
+
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr,
+                   0);
+}
+
+// A mapping of the named segment; rank 0 creates (and later unlinks) it.
+struct Mapping {
+  void* base = MAP_FAILED;
+  std::string error;
+};
+
+Mapping map_segment(const std::string& name, std::size_t bytes, bool create) {
+  Mapping m;
+  const int fd = ::shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
+  if (fd < 0) {
+    m.error = fmt::format("shm_open({}): {}", name, std::strerror(errno));
+    return m;
+  }
+  // posix_fallocate reserves the pages now, so a full /dev/shm is an error
+  // here instead of a SIGBUS on first touch.
+  int rc = 0;
+  if (create && (::ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+                 (rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes))) != 0)) {
+    m.error = fmt::format("sizing {} to {} bytes: {}", name, bytes, std::strerror(rc ? rc : errno));
+  } else {
+    m.base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m.base == MAP_FAILED) m.error = fmt::format("mmap({}): {}", name, std::strerror(errno));
+  }
+  ::close(fd);
+  if (create && !m.error.empty()) ::shm_unlink(name.c_str());
+  return m;
+}
+
+// Lets a waiting core breathe without giving it up.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Whether process `pid` has ended: gone, or a zombie its parent has not
+// reaped yet (a killed rank stays one until its launcher waits for it).
+bool process_exited(int pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  const std::string stat = read_first_line(fmt::format("/proc/{}/stat", pid).c_str());
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return stat.empty();
+  const char state = stat[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
+std::string unique_segment_name() {
+  static std::atomic<unsigned> counter{0};
+  std::random_device random;
+  return fmt::format("/bagua-{}-{}-{:08x}", ::getpid(), counter++, random());
+}
+
+}  // namespace
+
+std::string shared_memory_host_key() {
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) != 0) return {};
+  const std::string boot = read_first_line("/proc/sys/kernel/random/boot_id");
+  const std::string net = namespace_id("net"), mnt = namespace_id("mnt"), pid = namespace_id("pid");
+  if (boot.empty() || net.empty() || mnt.empty() || pid.empty()) return {};
+  return fmt::format("{}|{}|{}|{}|{}", host.data(), boot, net, mnt, pid);
+}
+
+// -- the segment's control block ---------------------------------------------
+
+enum class Stage { kWritten, kReduced, kConsumed };
+
+struct alignas(kLine) RankState {
+  std::atomic<std::uint64_t> written{0};
+  std::atomic<std::uint64_t> reduced{0};
+  std::atomic<std::uint64_t> consumed{0};
+  std::atomic<std::int32_t> pid{0};
+
+  std::atomic<std::uint64_t>& at(Stage stage) {
+    return stage == Stage::kWritten ? written : stage == Stage::kReduced ? reduced : consumed;
+  }
+};
+
+// Header line (the futex word and its waiter count), then one line per rank.
+struct SharedMemoryAllreduce::Control {
+  alignas(kLine) std::atomic<std::uint32_t> epoch{0};
+  std::atomic<std::uint32_t> waiters{0};
+
+  RankState& rank(int r) {
+    return *reinterpret_cast<RankState*>(reinterpret_cast<std::byte*>(this) + kLine +
+                                         static_cast<std::size_t>(r) * sizeof(RankState));
+  }
+  static std::size_t bytes(int size) {
+    return round_up(kLine + static_cast<std::size_t>(size) * sizeof(RankState), kPage);
+  }
+
+  // Makes this rank's `stage` counter `value` and wakes whoever waits.
+  void publish(int r, Stage stage, std::uint64_t value) {
+    rank(r).at(stage).store(value, std::memory_order_release);
+    epoch.fetch_add(1, std::memory_order_seq_cst);
+    if (waiters.load(std::memory_order_seq_cst) > 0) futex(&epoch, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+};
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free &&
+                  std::atomic<std::uint32_t>::is_always_lock_free,
+              "counters in shared memory must be lock-free atomics");
+
+// Waits of one allreduce call: until every rank's counter of a stage reached
+// a value, bounded by the timeout, watching for an abort and dead peers.
+class SharedMemoryAllreduce::Waiter {
+ public:
+  Waiter(SharedMemoryAllreduce& owner, const TensorView& buffer, std::chrono::milliseconds timeout,
+         const std::atomic<bool>& aborted)
+      : owner_(owner),
+        buffer_(buffer),
+        timeout_(timeout),
+        aborted_(aborted),
+        spin_(static_cast<unsigned>(owner.size_) <= std::thread::hardware_concurrency()) {}
+
+  void wait_all(Stage stage, std::uint64_t target) {
+    Control& c = *owner_.control_;
+    if (spin_) {  // peers on cores of their own usually arrive within microseconds
+      for (int i = 0; i < 256; ++i) {
+        if (all_reached(stage, target)) return;
+        cpu_relax();
+      }
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (true) {
+      const std::uint32_t seen = c.epoch.load(std::memory_order_seq_cst);
+      if (all_reached(stage, target)) return;
+      check_progress(stage, target, deadline);
+      const auto left =
+          std::min<std::chrono::nanoseconds>(kSlice, deadline - std::chrono::steady_clock::now());
+      const timespec slice{0, std::max<long>(1000, static_cast<long>(left.count()))};
+      c.waiters.fetch_add(1, std::memory_order_seq_cst);
+      futex(&c.epoch, FUTEX_WAIT, seen, &slice);
+      c.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+ private:
+  bool all_reached(Stage stage, std::uint64_t target) const {
+    for (int r = 0; r < owner_.size_; ++r) {
+      if (owner_.control_->rank(r).at(stage).load(std::memory_order_acquire) < target) return false;
+    }
+    return true;
+  }
+
+  std::vector<int> missing(Stage stage, std::uint64_t target) const {
+    std::vector<int> ranks;
+    for (int r = 0; r < owner_.size_; ++r) {
+      if (owner_.control_->rank(r).at(stage).load(std::memory_order_acquire) < target) {
+        ranks.push_back(r);
+      }
+    }
+    return ranks;
+  }
+
+  // Throws when the wait cannot succeed: aborted, a missing peer's process
+  // has exited, or the deadline passed.
+  void check_progress(Stage stage, std::uint64_t target,
+                      std::chrono::steady_clock::time_point deadline) const {
+    if (aborted_.load())
+      throw BackendError(where(stage, target) + ": the communicator was aborted");
+    for (const int r : missing(stage, target)) {
+      const int pid = owner_.control_->rank(r).pid.load();
+      if (pid > 0 && process_exited(pid)) {
+        throw BackendError(
+            fmt::format("{}: rank {} (pid {}) has exited", where(stage, target), r, pid));
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(fmt::format("{}: timed out after {} ms waiting for ranks {}",
+                                     where(stage, target), timeout_.count(),
+                                     fmt::join(missing(stage, target), ", ")));
+    }
+  }
+
+  std::string where(Stage stage, std::uint64_t target) const {
+    static constexpr const char* kStage[] = {"copy in", "reduce", "copy out"};
+    return fmt::format(
+        "allreduce of {} on rank {} of {} (shared memory, group '{}', {} of piece {})",
+        buffer_.describe(), owner_.rank_, owner_.size_, owner_.group_name_,
+        kStage[static_cast<int>(stage)], target);
+  }
+
+  SharedMemoryAllreduce& owner_;
+  TensorView buffer_;
+  std::chrono::milliseconds timeout_;
+  const std::atomic<bool>& aborted_;
+  bool spin_;
+};
+
+// -- setting up ------------------------------------------------------------------
+
+namespace {
+
+// Starts the lifetime of the control block's atomics in fresh (zeroed) memory.
+template <typename Control>
+void construct_control_block(void* base, int size) {
+  auto* control = new (base) Control();
+  for (int r = 0; r < size; ++r) new (&control->rank(r)) RankState();
+}
+
+// Every rank's fixed-size record, gathered over `comm`.
+std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine,
+                                           std::size_t width) {
+  std::vector<char> send(width, '\0'), recv(width * static_cast<std::size_t>(comm.size()));
+  std::memcpy(send.data(), mine.data(), std::min(width - 1, mine.size()));
+  const auto as_view = [](std::vector<char>& v) {
+    return TensorView{v.data(), static_cast<std::int64_t>(v.size()), DType::kUInt8, Device{}};
+  };
+  comm.allgather(as_view(send), as_view(recv));
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.size(); ++r) out.emplace_back(recv.data() + r * width);
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::attach(
+    Communicator& comm, const SharedMemoryOptions& options, const std::string& group_name) {
+  const int rank = comm.rank(), size = comm.size();
+  if (size < 2) return nullptr;  // nothing to share
+  const auto keys = allgather_strings(comm, shared_memory_host_key(), kKeyBytes);
+  if (keys[0].empty() ||
+      std::any_of(keys.begin(), keys.end(), [&](auto& k) { return k != keys[0]; })) {
+    log().debug("group '{}': ranks are not on one host; allreduce stays on the network",
+                group_name);
+    return nullptr;
+  }
+  const std::size_t slot =
+      options.slot_bytes ? round_up(options.slot_bytes, kLine) : default_slot_bytes(size);
+  const std::size_t bytes = Control::bytes(size) + 2 * (static_cast<std::size_t>(size) + 1) * slot;
+  std::string name = rank == 0 ? unique_segment_name() : std::string();
+  Mapping mapping;
+  if (rank == 0) {
+    mapping = map_segment(name, bytes, /*create=*/true);
+    if (mapping.error.empty())
+      construct_control_block<Control>(mapping.base, size);  // before any peer maps it
+  }
+  name = allgather_strings(comm, mapping.error.empty() ? name : "", kNameBytes)[0];
+  if (rank != 0 && !name.empty()) mapping = map_segment(name, bytes, /*create=*/false);
+  if (rank != 0 && name.empty()) mapping.error = "rank 0 could not create the segment";
+  const auto errors = allgather_strings(comm, mapping.error, kNameBytes);
+  if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());  // all have it open or gave up
+  const auto failed =
+      std::find_if(errors.begin(), errors.end(), [](auto& e) { return !e.empty(); });
+  if (failed != errors.end()) {
+    if (mapping.base != MAP_FAILED) ::munmap(mapping.base, bytes);
+    log().warn("group '{}': shared-memory allreduce unavailable (rank {}: {}); using the network",
+               group_name, failed - errors.begin(), *failed);
+    return nullptr;
+  }
+  log().debug("group '{}': allreduce through shared memory ({} slots of {} bytes)", group_name,
+              size, slot);
+  return std::unique_ptr<SharedMemoryAllreduce>(
+      new SharedMemoryAllreduce(mapping.base, bytes, rank, size, slot, group_name));
+}
+
+SharedMemoryAllreduce::SharedMemoryAllreduce(void* base, std::size_t bytes, int rank, int size,
+                                             std::size_t slot_bytes, std::string group_name)
+    : base_(base),
+      bytes_(bytes),
+      rank_(rank),
+      size_(size),
+      slot_bytes_(slot_bytes),
+      group_name_(std::move(group_name)),
+      control_(static_cast<Control*>(base)),
+      data_(static_cast<std::byte*>(base) + Control::bytes(size)) {
+  control_->rank(rank).pid.store(static_cast<std::int32_t>(::getpid()));
+}
+
+SharedMemoryAllreduce::~SharedMemoryAllreduce() { ::munmap(base_, bytes_); }
+
+// -- the protocol -------------------------------------------------------------------
+
+std::byte* SharedMemoryAllreduce::slot(std::uint64_t piece, int rank) const {
+  const std::size_t set = piece % 2, areas = static_cast<std::size_t>(size_) + 1;
+  return data_ + (set * areas + static_cast<std::size_t>(rank)) * slot_bytes_;
+}
+
+std::byte* SharedMemoryAllreduce::result(std::uint64_t piece) const { return slot(piece, size_); }
+
+void SharedMemoryAllreduce::allreduce(const TensorView& buffer, ReduceOp op,
+                                      std::chrono::milliseconds timeout,
+                                      const std::atomic<bool>& aborted) {
+  BAGUA_CHECK_ARG(buffer.device.type == DeviceType::kCPU,
+                  "shared-memory allreduce needs host memory, got {}", buffer.describe());
+  Waiter waiter(*this, buffer, timeout, aborted);
+  const auto per_piece = static_cast<std::int64_t>(slot_bytes_ / dtype_size(buffer.dtype));
+  for (std::int64_t offset = 0; offset < buffer.numel; offset += per_piece) {
+    run_piece(buffer, offset, std::min(per_piece, buffer.numel - offset), op, waiter);
+  }
+}
+
+void SharedMemoryAllreduce::run_piece(const TensorView& buffer, std::int64_t offset,
+                                      std::int64_t count, ReduceOp op, Waiter& waiter) {
+  const std::uint64_t piece = ++pieces_done_;
+  const std::size_t element = dtype_size(buffer.dtype), nbytes = count * element;
+  std::byte* const source = buffer.bytes() + offset * element;
+  // 1. copy in, once every rank has consumed what this slot set held before
+  if (piece > 2) waiter.wait_all(Stage::kConsumed, piece - 2);
+  std::memcpy(slot(piece, rank_), source, nbytes);
+  control_->publish(rank_, Stage::kWritten, piece);
+  // 2. reduce this rank's segment over the ranks' slots, in rank order
+  waiter.wait_all(Stage::kWritten, piece);
+  const std::int64_t begin = count * rank_ / size_, end = count * (rank_ + 1) / size_;
+  if (end > begin) {
+    dispatch_dtype(buffer.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const auto at = [&](std::byte* area) { return reinterpret_cast<T*>(area) + begin; };
+      const auto n = static_cast<std::size_t>(end - begin);
+      T* out = at(result(piece));
+      reduce_elements<T>(op, out, at(slot(piece, 0)), at(slot(piece, 1)), n);
+      for (int r = 2; r < size_; ++r) reduce_elements<T>(op, out, out, at(slot(piece, r)), n);
+      if (op == ReduceOp::kAvg) divide_elements<T>(out, n, size_);
+    });
+  }
+  control_->publish(rank_, Stage::kReduced, piece);
+  // 3. copy the whole reduced piece out
+  waiter.wait_all(Stage::kReduced, piece);
+  std::memcpy(source, result(piece), nbytes);
+  control_->publish(rank_, Stage::kConsumed, piece);
+}
+
+}  // namespace bagua

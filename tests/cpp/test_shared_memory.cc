@@ -1,0 +1,149 @@
+// The shared-memory allreduce (ranks as threads of this process share a
+// host): results against the reference for every op and dtype with pieces
+// far smaller than the buffers, identical bits on every rank, the segment
+// really in use, and a missing peer as a TimeoutError naming it.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "bagua/comm/gloo_communicator.h"
+#include "bagua/comm/shared_memory.h"
+#include "collective_reference.h"
+#include "rank_threads.h"
+
+using namespace bagua;
+using namespace bagua::testing;
+
+namespace {
+
+// Every allreduce through shared memory, in pieces of `slot_bytes`.
+GlooOptions shared_memory_options(std::size_t slot_bytes,
+                                  std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  GlooOptions options;
+  options.timeout = timeout;
+  options.shared_memory =
+      SharedMemoryOptions{.enabled = true, .min_bytes = 1, .slot_bytes = slot_bytes};
+  return options;
+}
+
+// Whether this process maps one of bagua's shared-memory segments.
+bool maps_a_segment() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("/dev/shm/bagua-") != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("shared-memory allreduce matches the reference for every op and dtype, in many pieces") {
+  for (int world = 2; world <= 5; ++world) {
+    CAPTURE(world);
+    // 256-byte slots: a 4099-element buffer takes up to 129 pieces, so both
+    // slot sets are reused many times within one call.
+    run_ranks_with(world, shared_memory_options(256), [&](Communicator& comm) {
+      for (DType dtype : all_dtypes()) {
+        const bool integer = !is_floating_point(dtype);
+        for (std::int64_t n : {1, 13, 100, 4099}) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
+                              ReduceOp::kProduct}) {
+            CAPTURE(to_string(dtype));
+            CAPTURE(n);
+            TypedBuffer in(dtype, n), out(dtype, n);
+            fill(in, comm.rank(), op);
+            comm.allreduce(in.view(), out.view(), op);  // out of place
+            comm.allreduce(in.view(), in.view(), op);   // in place
+            for (std::int64_t i = 0; i < n; ++i) {
+              const double expected = reference(op, world, i, integer);
+              REQUIRE(std::abs(out.get(i) - expected) <= tolerance(dtype, expected));
+              REQUIRE(in.get(i) == out.get(i));
+            }
+          }
+        }
+      }
+      CHECK(maps_a_segment());
+    });
+  }
+}
+
+TEST_CASE("shared-memory allreduce leaves identical bits on every rank") {
+  constexpr int kWorld = 3;
+  constexpr std::int64_t kN = 100'003;  // not a multiple of the world size or of a piece
+  std::vector<std::vector<float>> results(kWorld);
+  run_ranks_with(kWorld, shared_memory_options(64 * 1024), [&](Communicator& comm) {
+    std::mt19937 random(static_cast<unsigned>(comm.rank()));
+    std::normal_distribution<float> normal;
+    std::vector<float> data(kN);
+    for (float& x : data) x = normal(random);
+    comm.allreduce(TensorView{data.data(), kN, DType::kFloat32, {}},
+                   TensorView{data.data(), kN, DType::kFloat32, {}}, ReduceOp::kAvg);
+    results[static_cast<std::size_t>(comm.rank())] = data;
+  });
+  for (int r = 1; r < kWorld; ++r) {
+    CHECK(std::memcmp(results[0].data(), results[r].data(), kN * sizeof(float)) == 0);
+  }
+  // and they are the average, summed in rank order
+  std::vector<std::vector<float>> inputs(kWorld, std::vector<float>(kN));
+  for (int r = 0; r < kWorld; ++r) {
+    std::mt19937 random(static_cast<unsigned>(r));
+    std::normal_distribution<float> normal;
+    for (float& x : inputs[r]) x = normal(random);
+  }
+  for (std::int64_t i = 0; i < kN; i += 997) {
+    const float expected = ((inputs[0][i] + inputs[1][i]) + inputs[2][i]) / 3.0f;
+    REQUIRE(results[0][i] == expected);
+  }
+}
+
+TEST_CASE("below the size threshold, or disabled, allreduce stays on Gloo") {
+  GlooOptions small = shared_memory_options(0);
+  small.shared_memory->min_bytes = 1 << 20;
+  GlooOptions disabled = shared_memory_options(0);
+  disabled.shared_memory->enabled = false;
+  for (const GlooOptions& options : {small, disabled}) {
+    run_ranks_with(2, options, [&](Communicator& comm) {
+      std::vector<float> data(1000, static_cast<float>(comm.rank() + 1));
+      const TensorView view{data.data(), 1000, DType::kFloat32, {}};
+      comm.allreduce(view, view, ReduceOp::kSum);
+      CHECK(data[999] == 3.0f);
+      CHECK_FALSE(maps_a_segment());
+    });
+  }
+}
+
+TEST_CASE("a peer missing from a shared-memory allreduce is a TimeoutError naming it") {
+  std::vector<std::string> errors(3);
+  run_ranks_with(3, shared_memory_options(0, std::chrono::milliseconds(1000)),
+                 [&](Communicator& comm) {
+                   std::vector<float> data(1000, 1.0f);
+                   const TensorView view{data.data(), 1000, DType::kFloat32, {}};
+                   comm.allreduce(view, view, ReduceOp::kSum);  // sets the segment up
+                   if (comm.rank() == 2) {  // stays alive but skips the next one
+                     std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+                     return;
+                   }
+                   try {
+                     comm.allreduce(view, view, ReduceOp::kSum);
+                   } catch (const TimeoutError& e) {
+                     errors[static_cast<std::size_t>(comm.rank())] = e.what();
+                   }
+                 });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(errors[r].find(fmt::format("rank {} of 3 (shared memory", r)) != std::string::npos);
+    CHECK(errors[r].find("waiting for ranks 2") != std::string::npos);
+  }
+}
+
+TEST_CASE("the host key names this boot and these namespaces") {
+  const std::string key = shared_memory_host_key();
+  CHECK_FALSE(key.empty());
+  CHECK(key.find("net:[") != std::string::npos);
+  CHECK(key == shared_memory_host_key());
+}
