@@ -2,7 +2,8 @@
 //
 // Every rank ends with (approximately) the sum or average of the bucket over
 // all ranks, moving about a quarter of C_FP_S's bytes for fp32. The paper's
-// scatter-reduce, over a copy of the bucket padded to n equal chunks:
+// scatter-reduce, over the bucket cut into n chunks (the last ones may be
+// shorter):
 //   1. compress each of the n chunks (each with its own min and max);
 //   2. alltoall: rank r receives the n compressed copies of chunk r;
 //   3. decompress and reduce them (in fp32), divide by n when averaging;
@@ -19,6 +20,7 @@
 // chosen so that they are added back; see docs/compression.md.)
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -73,17 +75,24 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
   // tensors are compressed before they reach the communicator and only the
   // compressed bytes are staged or sent.
   void scatter_reduce(Compute& c, Communicator& comm, const TensorView& data, bool average) {
+    // Chunk j is elements [j * chunk, (j + 1) * chunk) of the bucket; the
+    // last ones may be shorter or empty. Each has a slot of the full chunk's
+    // compressed size in the exchanged buffers.
     const std::int64_t n = comm.size();
     const std::int64_t chunk = (data.numel + n - 1) / n;
+    const std::int64_t my_count = std::clamp<std::int64_t>(data.numel - comm.rank() * chunk, 0, chunk);
     const std::size_t chunk_bytes = minmax_uint8::compressed_bytes(chunk);
     const std::size_t all_bytes = chunk_bytes * static_cast<std::size_t>(n);
 
-    // fp32 working copy, padded with zeros to n * chunk.
-    const auto work_block = c.scratch(static_cast<std::size_t>(chunk * n) * sizeof(float));
-    const TensorView work = c.view(work_block, chunk * n, DType::kFloat32);
-    c.convert(data, work.slice(0, data.numel));
-    c.zero(work.slice(data.numel, chunk * n - data.numel).data,
-           static_cast<std::size_t>(chunk * n - data.numel) * sizeof(float));
+    // fp32 buckets are compressed where they lie (the result overwrites them
+    // anyway); 16-bit ones through an fp32 copy.
+    CachingAllocator::Block work_block;
+    TensorView work = data;
+    if (data.dtype != DType::kFloat32) {
+      work_block = c.scratch(static_cast<std::size_t>(data.numel) * sizeof(float));
+      work = c.view(work_block, data.numel, DType::kFloat32);
+      c.convert(data, work);
+    }
 
     const auto outgoing = c.scratch(all_bytes);
     const auto incoming = c.scratch(all_bytes);
@@ -91,7 +100,7 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
     comm.alltoall(byte_view(c, outgoing, all_bytes), byte_view(c, incoming, all_bytes));
 
     const auto reduced_block = c.scratch(static_cast<std::size_t>(chunk) * sizeof(float));
-    const TensorView reduced = c.view(reduced_block, chunk, DType::kFloat32);
+    const TensorView reduced = c.view(reduced_block, my_count, DType::kFloat32);
     c.zero(reduced.data, reduced.nbytes());
     for (std::int64_t j = 0; j < n; ++j) {
       c.decompress(bytes_of(incoming) + static_cast<std::size_t>(j) * chunk_bytes, chunk, reduced,
@@ -104,7 +113,7 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
     comm.allgather(byte_view(c, mine, chunk_bytes), byte_view(c, incoming, all_bytes));
 
     c.decompress(bytes_of(incoming), chunk, work, false);
-    c.convert(work.slice(0, data.numel), data);
+    if (work.data != data.data) c.convert(work, data);
   }
 
   // out = Q(values) in chunks of `chunk`. With error feedback the residual is

@@ -87,6 +87,10 @@ class HostCompute final : public Compute {
   void convert(const TensorView& from, const TensorView& to) override {
     BAGUA_CHECK_INTERNAL(from.numel == to.numel, "convert: {} into {}", from.describe(),
                          to.describe());
+    if (from.dtype == to.dtype) {
+      if (from.data != to.data) std::memcpy(to.data, from.data, to.nbytes());
+      return;
+    }
     dispatch_dtype(from.dtype, [&](auto from_tag) {
       using From = decltype(from_tag);
       dispatch_dtype(to.dtype, [&](auto to_tag) {
