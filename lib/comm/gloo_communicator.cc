@@ -127,8 +127,9 @@ class GlooCommunicator final : public Communicator {
     copy_if_distinct(send, recv);
     // The bytes a ring exchanges, whichever transport carries them.
     count(recv.nbytes() * 2 * (size() - 1) / size());
-    if (SharedMemoryAllreduce* shm = shared_memory_for(recv)) {
-      run_shared_memory(*shm, recv, op);
+    if (on_shared_memory(recv, [&](SharedMemoryGroup& shm) {
+          shm.allreduce(recv, op, options_.timeout, aborted_);
+        })) {
       return;
     }
     if (size() > 1) {
@@ -174,6 +175,11 @@ class GlooCommunicator final : public Communicator {
   void do_allgather(const TensorView& send, const TensorView& recv) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes() * (size() - 1));
+    if (on_shared_memory(send, [&](SharedMemoryGroup& shm) {
+          shm.allgather(send, recv, options_.timeout, aborted_);
+        })) {
+      return;
+    }
     collective<::gloo::AllgatherOptions>("allgather", ::gloo::allgather, [&](auto& opts) {
       // Gloo reads this rank's slice from the output buffer when the input
       // aliases it; a separate input is the general case.
@@ -223,6 +229,11 @@ class GlooCommunicator final : public Communicator {
   void do_alltoall(const TensorView& send, const TensorView& recv) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes() * (size() - 1) / size());
+    if (on_shared_memory(send, [&](SharedMemoryGroup& shm) {
+          shm.alltoall(send, recv, options_.timeout, aborted_);
+        })) {
+      return;
+    }
     collective<::gloo::AlltoallOptions>("alltoall", ::gloo::alltoall, [&](auto& opts) {
       opts.setInput(send.bytes(), send.nbytes());
       opts.setOutput(recv.bytes(), recv.nbytes());
@@ -267,10 +278,10 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
-  // The shared-memory allreduce when this call may use it. All ranks decide
+  // The shared-memory group when this call may use it. All ranks decide
   // alike (same size, same options); the first eligible call sets it up,
   // collectively.
-  SharedMemoryAllreduce* shared_memory_for(const TensorView& buffer) {
+  SharedMemoryGroup* shared_memory_for(const TensorView& buffer) {
     if (size() == 1 || !shm_options_.enabled ||
         static_cast<std::int64_t>(buffer.nbytes()) < shm_options_.min_bytes) {
       return nullptr;
@@ -280,7 +291,7 @@ class GlooCommunicator final : public Communicator {
       // The setup's three small allgathers are not traffic of the caller's op.
       const std::int64_t sent = counters_.bytes_sent, received = counters_.bytes_received,
                          calls = counters_.calls;
-      shm_ = SharedMemoryAllreduce::attach(*this, shm_options_, options_.prefix);
+      shm_ = SharedMemoryGroup::attach(*this, shm_options_, options_.prefix);
       counters_.bytes_sent = sent;
       counters_.bytes_received = received;
       counters_.calls = calls;
@@ -288,17 +299,25 @@ class GlooCommunicator final : public Communicator {
     return shm_.get();
   }
 
-  void run_shared_memory(SharedMemoryAllreduce& shm, const TensorView& buffer, ReduceOp op) {
+  // Runs `fn` on the shared-memory group and returns true when this call
+  // may use it (`buffer`: what decides, the same size on every rank).
+  template <typename Fn>
+  bool on_shared_memory(const TensorView& buffer, Fn&& fn) {
+    SharedMemoryGroup* shm = shared_memory_for(buffer);
+    if (shm == nullptr) return false;
     if (aborted_.load()) {
       throw BackendError(
-          fmt::format("allreduce on rank {} of {}: the communicator was aborted", rank(), size()));
+          fmt::format("collective on rank {} of {} (group '{}'): the communicator "
+                      "was aborted",
+                      rank(), size(), options_.prefix));
     }
     try {
-      shm.allreduce(buffer, op, options_.timeout, aborted_);
+      fn(*shm);
     } catch (...) {
       aborted_.store(true);  // peers are mid-protocol: the segment's state is lost
       throw;
     }
+    return true;
   }
 
   // Runs one Gloo call, translating its failures into our error types with
@@ -373,7 +392,7 @@ class GlooCommunicator final : public Communicator {
   std::atomic<bool> aborted_{false};
   SharedMemoryOptions shm_options_;
   bool shm_attached_ = false;
-  std::unique_ptr<SharedMemoryAllreduce> shm_;
+  std::unique_ptr<SharedMemoryGroup> shm_;
 };
 
 }  // namespace

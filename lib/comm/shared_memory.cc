@@ -147,7 +147,7 @@ struct alignas(kLine) RankState {
 };
 
 // Header line (the futex word and its waiter count), then one line per rank.
-struct SharedMemoryAllreduce::Control {
+struct SharedMemoryGroup::Control {
   alignas(kLine) std::atomic<std::uint32_t> epoch{0};
   std::atomic<std::uint32_t> waiters{0};
 
@@ -173,11 +173,12 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free &&
 
 // Waits of one allreduce call: until every rank's counter of a stage reached
 // a value, bounded by the timeout, watching for an abort and dead peers.
-class SharedMemoryAllreduce::Waiter {
+class SharedMemoryGroup::Waiter {
  public:
-  Waiter(SharedMemoryAllreduce& owner, const TensorView& buffer, std::chrono::milliseconds timeout,
-         const std::atomic<bool>& aborted)
+  Waiter(SharedMemoryGroup& owner, const char* op, const TensorView& buffer,
+         std::chrono::milliseconds timeout, const std::atomic<bool>& aborted)
       : owner_(owner),
+        op_(op),
         buffer_(buffer),
         timeout_(timeout),
         aborted_(aborted),
@@ -251,7 +252,8 @@ class SharedMemoryAllreduce::Waiter {
         kStage[static_cast<int>(stage)], target);
   }
 
-  SharedMemoryAllreduce& owner_;
+  SharedMemoryGroup& owner_;
+  const char* op_;
   TensorView buffer_;
   std::chrono::milliseconds timeout_;
   const std::atomic<bool>& aborted_;
@@ -285,8 +287,9 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
 
 }  // namespace
 
-std::unique_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::attach(
-    Communicator& comm, const SharedMemoryOptions& options, const std::string& group_name) {
+std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::attach(Communicator& comm,
+                                                             const SharedMemoryOptions& options,
+                                                             const std::string& group_name) {
   const int rank = comm.rank(), size = comm.size();
   if (size < 2) return nullptr;  // nothing to share
   const auto keys = allgather_strings(comm, shared_memory_host_key(), kKeyBytes);
@@ -297,7 +300,8 @@ std::unique_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::attach(
     return nullptr;
   }
   const std::size_t slot =
-      options.slot_bytes ? round_up(options.slot_bytes, kLine) : default_slot_bytes(size);
+      std::max(options.slot_bytes ? round_up(options.slot_bytes, kLine) : default_slot_bytes(size),
+               static_cast<std::size_t>(size) * kLine);  // alltoall: a line per peer at least
   const std::size_t bytes = Control::bytes(size) + 2 * (static_cast<std::size_t>(size) + 1) * slot;
   std::string name = rank == 0 ? unique_segment_name() : std::string();
   Mapping mapping;
@@ -321,12 +325,12 @@ std::unique_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::attach(
   }
   log().debug("group '{}': allreduce through shared memory ({} slots of {} bytes)", group_name,
               size, slot);
-  return std::unique_ptr<SharedMemoryAllreduce>(
-      new SharedMemoryAllreduce(mapping.base, bytes, rank, size, slot, group_name));
+  return std::unique_ptr<SharedMemoryGroup>(
+      new SharedMemoryGroup(mapping.base, bytes, rank, size, slot, group_name));
 }
 
-SharedMemoryAllreduce::SharedMemoryAllreduce(void* base, std::size_t bytes, int rank, int size,
-                                             std::size_t slot_bytes, std::string group_name)
+SharedMemoryGroup::SharedMemoryGroup(void* base, std::size_t bytes, int rank, int size,
+                                     std::size_t slot_bytes, std::string group_name)
     : base_(base),
       bytes_(bytes),
       rank_(rank),
@@ -338,36 +342,41 @@ SharedMemoryAllreduce::SharedMemoryAllreduce(void* base, std::size_t bytes, int 
   control_->rank(rank).pid.store(static_cast<std::int32_t>(::getpid()));
 }
 
-SharedMemoryAllreduce::~SharedMemoryAllreduce() { ::munmap(base_, bytes_); }
+SharedMemoryGroup::~SharedMemoryGroup() { ::munmap(base_, bytes_); }
 
 // -- the protocol -------------------------------------------------------------------
 
-std::byte* SharedMemoryAllreduce::slot(std::uint64_t piece, int rank) const {
+std::byte* SharedMemoryGroup::slot(std::uint64_t piece, int rank) const {
   const std::size_t set = piece % 2, areas = static_cast<std::size_t>(size_) + 1;
   return data_ + (set * areas + static_cast<std::size_t>(rank)) * slot_bytes_;
 }
 
-std::byte* SharedMemoryAllreduce::result(std::uint64_t piece) const { return slot(piece, size_); }
+std::byte* SharedMemoryGroup::result(std::uint64_t piece) const { return slot(piece, size_); }
 
-void SharedMemoryAllreduce::allreduce(const TensorView& buffer, ReduceOp op,
-                                      std::chrono::milliseconds timeout,
-                                      const std::atomic<bool>& aborted) {
+std::uint64_t SharedMemoryGroup::begin_piece(Waiter& waiter) {
+  const std::uint64_t piece = ++pieces_done_;
+  if (piece > 2) waiter.wait_all(Stage::kConsumed, piece - 2);
+  return piece;
+}
+
+void SharedMemoryGroup::allreduce(const TensorView& buffer, ReduceOp op,
+                                  std::chrono::milliseconds timeout,
+                                  const std::atomic<bool>& aborted) {
   BAGUA_CHECK_ARG(buffer.device.type == DeviceType::kCPU,
                   "shared-memory allreduce needs host memory, got {}", buffer.describe());
-  Waiter waiter(*this, buffer, timeout, aborted);
+  Waiter waiter(*this, "allreduce", buffer, timeout, aborted);
   const auto per_piece = static_cast<std::int64_t>(slot_bytes_ / dtype_size(buffer.dtype));
   for (std::int64_t offset = 0; offset < buffer.numel; offset += per_piece) {
-    run_piece(buffer, offset, std::min(per_piece, buffer.numel - offset), op, waiter);
+    reduce_piece(buffer, offset, std::min(per_piece, buffer.numel - offset), op, waiter);
   }
 }
 
-void SharedMemoryAllreduce::run_piece(const TensorView& buffer, std::int64_t offset,
-                                      std::int64_t count, ReduceOp op, Waiter& waiter) {
-  const std::uint64_t piece = ++pieces_done_;
+void SharedMemoryGroup::reduce_piece(const TensorView& buffer, std::int64_t offset,
+                                     std::int64_t count, ReduceOp op, Waiter& waiter) {
   const std::size_t element = dtype_size(buffer.dtype), nbytes = count * element;
   std::byte* const source = buffer.bytes() + offset * element;
   // 1. copy in, once every rank has consumed what this slot set held before
-  if (piece > 2) waiter.wait_all(Stage::kConsumed, piece - 2);
+  const std::uint64_t piece = begin_piece(waiter);
   std::memcpy(slot(piece, rank_), source, nbytes);
   control_->publish(rank_, Stage::kWritten, piece);
   // 2. reduce this rank's segment over the ranks' slots, in rank order
@@ -389,6 +398,52 @@ void SharedMemoryAllreduce::run_piece(const TensorView& buffer, std::int64_t off
   waiter.wait_all(Stage::kReduced, piece);
   std::memcpy(source, result(piece), nbytes);
   control_->publish(rank_, Stage::kConsumed, piece);
+}
+
+template <typename Fill, typename Drain>
+void SharedMemoryGroup::exchange_piece(Fill&& fill_slot, Drain&& drain_slot, Waiter& waiter) {
+  const std::uint64_t piece = begin_piece(waiter);
+  fill_slot(slot(piece, rank_));
+  control_->publish(rank_, Stage::kWritten, piece);
+  waiter.wait_all(Stage::kWritten, piece);
+  for (int r = 0; r < size_; ++r) drain_slot(r, static_cast<const std::byte*>(slot(piece, r)));
+  control_->publish(rank_, Stage::kConsumed, piece);
+}
+
+void SharedMemoryGroup::allgather(const TensorView& send, const TensorView& recv,
+                                  std::chrono::milliseconds timeout,
+                                  const std::atomic<bool>& aborted) {
+  Waiter waiter(*this, "allgather", send, timeout, aborted);
+  const std::size_t total = send.nbytes();
+  for (std::size_t offset = 0; offset < total; offset += slot_bytes_) {
+    const std::size_t length = std::min(slot_bytes_, total - offset);
+    exchange_piece([&](std::byte* mine) { std::memcpy(mine, send.bytes() + offset, length); },
+                   [&](int r, const std::byte* theirs) {
+                     std::memcpy(recv.bytes() + r * total + offset, theirs, length);
+                   },
+                   waiter);
+  }
+}
+
+void SharedMemoryGroup::alltoall(const TensorView& send, const TensorView& recv,
+                                 std::chrono::milliseconds timeout,
+                                 const std::atomic<bool>& aborted) {
+  Waiter waiter(*this, "alltoall", send, timeout, aborted);
+  const std::size_t chunk = send.nbytes() / static_cast<std::size_t>(size_);
+  const std::size_t per_peer = slot_bytes_ / static_cast<std::size_t>(size_);
+  for (std::size_t offset = 0; offset < chunk; offset += per_peer) {
+    const std::size_t length = std::min(per_peer, chunk - offset);
+    exchange_piece(
+        [&](std::byte* mine) {  // this rank's piece of every destination's chunk
+          for (int r = 0; r < size_; ++r) {
+            std::memcpy(mine + r * per_peer, send.bytes() + r * chunk + offset, length);
+          }
+        },
+        [&](int r, const std::byte* theirs) {
+          std::memcpy(recv.bytes() + r * chunk + offset, theirs + rank_ * per_peer, length);
+        },
+        waiter);
+  }
 }
 
 }  // namespace bagua

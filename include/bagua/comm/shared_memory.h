@@ -1,5 +1,5 @@
-// Allreduce through shared memory, for the ranks of a group that share a
-// host.
+// Collectives through shared memory (allreduce, allgather, alltoall), for
+// the ranks of a group that share a host.
 //
 // Over loopback TCP an allreduce costs each rank several copies through the
 // kernel per byte plus socket wake-ups; with the buffers in one shared
@@ -19,6 +19,10 @@
 //   3. copy out: once all have reduced, every rank copies the whole result
 //      piece into its buffer, then publishes consumed = p (a slot set is
 //      rewritten only when every rank has consumed what it held before).
+// Allgather and alltoall are the same without the reduce stage: every rank
+// copies its piece (for alltoall: its piece of each destination's chunk) into
+// its slot, and once all have written, copies what is meant for it out of
+// every slot.
 // Every wait is bounded by the timeout and watches the peers' processes: a
 // peer that exited is an error at once, naming it.
 //
@@ -41,10 +45,10 @@
 namespace bagua {
 
 struct SharedMemoryOptions {
-  // Whether allreduce may use shared memory at all (BAGUA_SHARED_MEMORY).
+  // Whether collectives may use shared memory at all (BAGUA_SHARED_MEMORY).
   bool enabled = true;
-  // Smaller allreduces stay on the communicator's own transport, where a
-  // round of latency is cheaper than three synchronizations
+  // Smaller buffers stay on the communicator's own transport, where a round
+  // of latency is cheaper than the synchronizations here
   // (BAGUA_SHARED_MEMORY_MIN_BYTES).
   std::int64_t min_bytes = 64 * 1024;
   // Bytes of one rank's slot (a piece); 0 picks a size from the world size.
@@ -55,33 +59,45 @@ struct SharedMemoryOptions {
 // boot, same network, mount and pid namespaces); empty when undeterminable.
 std::string shared_memory_host_key();
 
-class SharedMemoryAllreduce {
+class SharedMemoryGroup {
  public:
-  // Collective over `comm` (which must be usable for allgather and
-  // broadcast): returns the shared-memory allreduce for its ranks, or null
+  // Collective over `comm` (which must be usable for allgather): returns the
+  // shared-memory group of its ranks, or null
   // on every rank when they are not all on one host or any rank failed to
   // map the segment (the reason is logged).
-  static std::unique_ptr<SharedMemoryAllreduce> attach(Communicator& comm,
-                                                       const SharedMemoryOptions& options,
-                                                       const std::string& group_name);
-  ~SharedMemoryAllreduce();
-  SharedMemoryAllreduce(const SharedMemoryAllreduce&) = delete;
-  SharedMemoryAllreduce& operator=(const SharedMemoryAllreduce&) = delete;
+  static std::unique_ptr<SharedMemoryGroup> attach(Communicator& comm,
+                                                   const SharedMemoryOptions& options,
+                                                   const std::string& group_name);
+  ~SharedMemoryGroup();
+  SharedMemoryGroup(const SharedMemoryGroup&) = delete;
+  SharedMemoryGroup& operator=(const SharedMemoryGroup&) = delete;
 
   // buffer = op over ranks of buffer (host memory, same size on every rank).
   // `aborted` is polled while waiting.
   void allreduce(const TensorView& buffer, ReduceOp op, std::chrono::milliseconds timeout,
                  const std::atomic<bool>& aborted);
+  // recv (size() * send bytes) = concatenation of send over ranks.
+  void allgather(const TensorView& send, const TensorView& recv, std::chrono::milliseconds timeout,
+                 const std::atomic<bool>& aborted);
+  // chunk j of recv on rank i = chunk i of send on rank j (size() equal chunks).
+  void alltoall(const TensorView& send, const TensorView& recv, std::chrono::milliseconds timeout,
+                const std::atomic<bool>& aborted);
 
   std::size_t slot_bytes() const { return slot_bytes_; }
 
  private:
   struct Control;
   class Waiter;
-  SharedMemoryAllreduce(void* base, std::size_t bytes, int rank, int size, std::size_t slot_bytes,
-                        std::string group_name);
-  void run_piece(const TensorView& buffer, std::int64_t offset, std::int64_t count, ReduceOp op,
-                 Waiter& waiter);
+  SharedMemoryGroup(void* base, std::size_t bytes, int rank, int size, std::size_t slot_bytes,
+                    std::string group_name);
+  void reduce_piece(const TensorView& buffer, std::int64_t offset, std::int64_t count, ReduceOp op,
+                    Waiter& waiter);
+  // One piece of an allgather or alltoall: this rank's slot receives
+  // `fill_slot`'s bytes, then `drain_slot(rank, slot)` reads every rank's.
+  template <typename Fill, typename Drain>
+  void exchange_piece(Fill&& fill_slot, Drain&& drain_slot, Waiter& waiter);
+  // Starts piece number pieces_done_ + 1 once its slot set is free again.
+  std::uint64_t begin_piece(Waiter& waiter);
   std::byte* slot(std::uint64_t piece, int rank) const;
   std::byte* result(std::uint64_t piece) const;
 

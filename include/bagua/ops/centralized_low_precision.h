@@ -80,7 +80,8 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
     // compressed size in the exchanged buffers.
     const std::int64_t n = comm.size();
     const std::int64_t chunk = (data.numel + n - 1) / n;
-    const std::int64_t my_count = std::clamp<std::int64_t>(data.numel - comm.rank() * chunk, 0, chunk);
+    const std::int64_t my_count =
+        std::clamp<std::int64_t>(data.numel - comm.rank() * chunk, 0, chunk);
     const std::size_t chunk_bytes = minmax_uint8::compressed_bytes(chunk);
     const std::size_t all_bytes = chunk_bytes * static_cast<std::size_t>(n);
 
