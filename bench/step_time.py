@@ -10,6 +10,11 @@ the ratio over the repeats is printed.
     /usr/bin/python3 bench/step_time.py                       # world sizes 2 and 4
     /usr/bin/python3 bench/step_time.py --world-sizes 2 --algorithms gradient_allreduce,bytegrad
     /usr/bin/python3 bench/step_time.py --busy 1              # one extra process spinning
+    /usr/bin/python3 bench/step_time.py --algorithms gradient_allreduce,gradient_allreduce@tcp
+
+An algorithm named with "@tcp" runs on a process group whose communicators
+keep every collective on loopback TCP (BAGUA_SHARED_MEMORY=0 while the group
+is made): the transport before shared memory, in the same run.
 
 Prints, per model and world size, each kind's median and p90 step time, the
 median time of each stage (forward, backward with the communication wait,
@@ -55,11 +60,29 @@ def build_model(spec):
 def make_algorithm(kind):
     import importlib
 
-    module, cls, kwargs = ALGORITHMS[kind]
+    module, cls, kwargs = ALGORITHMS[kind.split("@")[0]]
     return getattr(importlib.import_module(f"bagua.torch_api.algorithms.{module}"), cls)(**kwargs)
 
 
-def make_run(kind, spec):
+def tcp_only_group():
+    """A group of all ranks whose communicators never use shared memory."""
+    import os
+
+    import bagua.torch_api as bagua
+    from bagua.torch_api._core import core
+
+    os.environ["BAGUA_SHARED_MEMORY"] = "0"
+    core._testing.reload_env()
+    try:
+        group = bagua.new_group(list(range(bagua.get_world_size())))
+        group.get_bucket_communicator()  # made now, while the variable says so
+    finally:
+        del os.environ["BAGUA_SHARED_MEMORY"]
+        core._testing.reload_env()
+    return group
+
+
+def make_run(kind, spec, tcp_group):
     import torch
 
     torch.manual_seed(0)
@@ -68,7 +91,8 @@ def make_run(kind, spec):
     if kind == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     else:
-        model = model.with_bagua([opt], make_algorithm(kind))
+        group = tcp_group if kind.endswith("@tcp") else None
+        model = model.with_bagua([opt], make_algorithm(kind), process_group=group)
     return model, opt
 
 
@@ -87,12 +111,13 @@ def worker(args):
     torch.set_num_threads(1)
     bagua.init_process_group()
     rank = bagua.get_rank()
+    tcp_group = tcp_only_group() if "@tcp" in args.algorithms else None
     results = {}
     for model_name, spec in MODELS.items():
         g = torch.Generator().manual_seed(rank)
         batches = [(torch.randn(args.batch, spec["input"], generator=g),
                     torch.randint(0, 10, (args.batch,), generator=g)) for _ in range(8)]
-        runs = {kind: make_run(kind, spec) for kind in kinds}
+        runs = {kind: make_run(kind, spec, tcp_group) for kind in kinds}
         interleaved_steps(runs, batches, args.warmup)  # includes bagua's profiling iteration
         stats = summarize(interleaved_steps(runs, batches, args.steps))
         params = build_model(spec).parameters()
@@ -132,7 +157,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--algorithms", default="gradient_allreduce,bytegrad",
-                        help="comma-separated: " + ", ".join(ALGORITHMS))
+                        help="comma-separated: " + ", ".join(ALGORITHMS) + " (each also as NAME@tcp)")
     parser.add_argument("--steps", type=int, default=60, help="timed steps per kind")
     parser.add_argument("--repeats", type=int, default=3, help="whole comparisons, fresh processes each")
     parser.add_argument("--warmup", type=int, default=5)
@@ -143,7 +168,7 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    unknown = set(args.algorithms.split(",")) - set(ALGORITHMS)
+    unknown = {k.split("@")[0] for k in args.algorithms.split(",")} - set(ALGORITHMS)
     if unknown:
         parser.error(f"unknown algorithms {sorted(unknown)}; choose from {sorted(ALGORITHMS)}")
 
