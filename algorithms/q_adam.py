@@ -39,6 +39,19 @@ from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flag
 
 __all__ = ["QAdamOptimizer", "QAdamAlgorithm", "QAdamAlgorithmImpl"]
 
+# torch.optim.Adam moves the first moment with lerp_ since PyTorch 2.0 and
+# with mul_ then add_ before: the same value, different rounding. The warmup
+# follows the installed version's, so it stays bit-equal to Adam.
+_ADAM_LERPS = int(torch.__version__.split(".")[0]) >= 2
+
+
+def _update_first_moment(exp_avg: torch.Tensor, grad: torch.Tensor, beta1: float) -> None:
+    """exp_avg = beta1 * exp_avg + (1 - beta1) * grad, rounded as Adam does."""
+    if _ADAM_LERPS:
+        exp_avg.lerp_(grad, 1 - beta1)
+    else:
+        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+
 
 class QAdamOptimizer(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, warmup_steps: int = 100,
@@ -91,7 +104,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
                     grad = p.grad
                     if group["weight_decay"] != 0:
                         grad = grad.add(p, alpha=group["weight_decay"])
-                    exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+                    _update_first_moment(exp_avg, grad, beta1)
                     exp_avg_sq.mul_(beta2).addcmul_(grad, grad.conj(), value=1 - beta2)
                 else:
                     # After warmup the momentum was updated and averaged by
@@ -207,7 +220,7 @@ class QAdamAlgorithmImpl(AlgorithmImpl):
                 grad = parameter.grad
                 if group["weight_decay"] != 0:
                     grad = grad.add(parameter, alpha=group["weight_decay"])
-                self.optimizer.state[parameter]["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+                _update_first_moment(self.optimizer.state[parameter]["exp_avg"], grad, beta1)
             tensor.bagua_mark_communication_ready()
 
         return hook
