@@ -158,7 +158,8 @@ CommPtr gloo_communicator(std::shared_ptr<Store> store, int rank, int size,
   GlooOptions options{.prefix = prefix,
                       .interface_name = interface_name,
                       .hostname = hostname,
-                      .timeout = from_seconds(timeout_s)};
+                      .timeout = from_seconds(timeout_s),
+                      .network_identity = {}};
   auto comm = make_gloo_communicator(std::move(store), rank, size, std::move(options));
   // With CUDA built in, CUDA buffers reach Gloo through pinned host memory.
   return cuda_compiled() ? CommPtr(with_host_staging(std::move(comm))) : CommPtr(std::move(comm));

@@ -20,6 +20,10 @@ struct GlooOptions {
   std::string hostname;
   // Bound on every wait; zero means BAGUA_COMM_TIMEOUT_S.
   std::chrono::milliseconds timeout{0};
+  // Which loopback this rank shares: ranks with equal identities reach each
+  // other's 127.0.0.1. Empty: this machine and network namespace (boot id
+  // and namespace inode). Tests set it to fake ranks on different hosts.
+  std::string network_identity;
 };
 
 // Collective over the `size` ranks sharing `store`: connects a full mesh.
