@@ -65,6 +65,18 @@ def test_nccl_backend_request_without_nccl_is_a_clear_error(tmp_path):
         assert "RuntimeError" in mro and "BAGUA_BACKEND=nccl" in message and reason in message, message
 
 
+def test_init_process_group_can_be_retried_after_a_failure(tmp_path):
+    # The first call fails after the launcher's rendezvous; the second must
+    # reuse that rendezvous (it was two TCPStore servers on one port: the
+    # ranks met on different ones and both timed out in Gloo's rendezvous).
+    results = run_workers("retry_after_failed_init", 2, tmp_path, timeout=120,
+                          extra_env={"GLOO_SOCKET_IFNAME": "bagua-no-such-if",
+                                     "BAGUA_COMM_TIMEOUT_S": "20"})
+    for r in results:
+        assert r["first"] is not None and "bagua-no-such-if" in r["first"][1], r["first"]
+        assert r["bagua_sum"] == [3.0] * 3 and r["torch_sum"] == [2.0] * 2
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "-0.5"])
 def test_a_non_positive_comm_timeout_is_refused_at_init(value, tmp_path):
     # A zero or negative timeout would make every wait fail at once (or, read

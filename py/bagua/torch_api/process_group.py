@@ -151,7 +151,28 @@ def _gloo_address():
     return "", socket.gethostbyname(socket.gethostname())
 
 
-def _torch_store(world_size: int):
+class _Rendezvous:
+    """The launcher's rendezvous made by ``init_process_group``: the c10d
+    store and, until it succeeds, how to initialize ``torch.distributed`` over
+    it. Kept across a failed call: a retry must join the same store, since a
+    second rendezvous would start a second TCPStore server on MASTER_PORT and
+    the ranks could meet on different ones (each then waits for peers that
+    never arrive). ``attempts`` gives each try its own key prefix, so a retry
+    never reads what a failed one left in the store."""
+
+    def __init__(self, key, store, init_torch):
+        self.key, self.store, self.init_torch = key, store, init_torch
+        self.attempts = 0
+
+    def next_prefix(self) -> str:
+        self.attempts += 1
+        return "bagua" if self.attempts == 1 else f"bagua/retry{self.attempts - 1}"
+
+
+_pending_rendezvous: Optional[_Rendezvous] = None
+
+
+def _torch_store(world_size: int) -> _Rendezvous:
     """The c10d store of ``torch.distributed`` and, if nobody initialized
     ``torch.distributed``, a function that does (Gloo, over that store): bagua
     rendezvous through the store the launcher set up.
@@ -161,8 +182,9 @@ def _torch_store(world_size: int):
     communicator has, whose rendezvous checks every rank's address first and
     says which variable to set when one advertises loopback to another host.
     """
+    global _pending_rendezvous
     if dist.is_initialized():
-        return dist.distributed_c10d._get_default_store(), None
+        return _Rendezvous(None, dist.distributed_c10d._get_default_store(), None)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ and world_size > 1:
         raise RuntimeError(
@@ -170,6 +192,9 @@ def _torch_store(world_size: int):
             "'python -m bagua.distributed.launch' or torchrun"
         )
     os.environ.setdefault("MASTER_PORT", "29500")
+    key = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], env.get_rank(), world_size)
+    if _pending_rendezvous is not None and _pending_rendezvous.key == key:
+        return _pending_rendezvous  # a retry after a failed call
     timeout = timedelta(seconds=core.env().comm_timeout_s)  # raises on a bad value
     # What dist.init_process_group("gloo") does, split in two.
     raw, rank, world_size = next(dist.rendezvous("env://", env.get_rank(), world_size, timeout=timeout))
@@ -181,7 +206,8 @@ def _torch_store(world_size: int):
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         _exit.created_torch_group()  # destroyed at exit
 
-    return store, init_torch
+    _pending_rendezvous = _Rendezvous(key, store, init_torch)
+    return _pending_rendezvous
 
 
 def _network_identity() -> str:
@@ -226,14 +252,21 @@ def _check_torch_gloo_address(store, rank: int, world_size: int) -> None:
                     f"communicator only, or initialize torch.distributed yourself first")
 
 
-def _connect(store, rank: int, world_size: int):
-    """The default group's communicator over ``store``, on BAGUA_BACKEND
-    (the runtime applies BAGUA_COMM_TIMEOUT_S itself)."""
-    prefixed = core.python_store(dist.PrefixStore("bagua", store))
+def _check_backend() -> None:
+    """Refuses BAGUA_BACKEND=nccl where NCCL cannot run, before any
+    rendezvous: every rank fails at once with the reason."""
     if core.env().backend == "nccl":
         reason = core.nccl_unavailable_reason()
         if reason:
             raise RuntimeError(f"BAGUA_BACKEND=nccl but NCCL cannot be used here: {reason}")
+
+
+def _connect(store, prefix: str, rank: int, world_size: int):
+    """The default group's communicator over ``store`` (keys under
+    ``prefix``), on BAGUA_BACKEND (the runtime applies BAGUA_COMM_TIMEOUT_S
+    itself)."""
+    prefixed = core.python_store(dist.PrefixStore(prefix, store))
+    if core.env().backend == "nccl":
         return core.nccl_communicator(prefixed, rank, world_size, prefix="default",
                                       device=get_local_rank())
     interface, hostname = _gloo_address()
@@ -251,7 +284,7 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
     shares. Calling it again is a no-op. At exit, what bagua started is
     stopped (see :mod:`bagua.torch_api._exit`).
     """
-    global _default_group
+    global _default_group, _pending_rendezvous
     if _default_group is not None:
         return
     # Explicit arguments win over the launcher's variables (and are written
@@ -261,12 +294,15 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
         if given:
             os.environ[name] = str(value)
     rank, world_size = env.get_rank(), env.get_world_size()
-    init_torch = None
+    _check_backend()
     if store is None:
-        store, init_torch = _torch_store(world_size)
-    communicator = _connect(store, rank, world_size)
-    if init_torch is not None:
-        init_torch()
+        rendezvous = _torch_store(world_size)
+        communicator = _connect(rendezvous.store, rendezvous.next_prefix(), rank, world_size)
+        if rendezvous.init_torch is not None:
+            rendezvous.init_torch()
+        _pending_rendezvous = None
+    else:
+        communicator = _connect(store, "bagua", rank, world_size)
     _default_group = BaguaProcessGroup(list(range(world_size)), communicator, "default")
     _exit.install()
     log("info", f"rank {rank} of {world_size} connected ({communicator.backend_name}, "
