@@ -48,6 +48,18 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
             return True
         return False
 
+    def state_dict(self, bagua_ddp) -> dict:
+        return {"steps_done": self.steps_done}
+
+    def load_state_dict(self, bagua_ddp, state: dict) -> None:
+        # need_reset switches to the asynchronous phase again if the loaded
+        # step count is past the warmup (the engine rebuilds its buckets).
+        self.steps_done = int(state["steps_done"])
+        self.asynchronous = self.warmup_steps == 0
+
+    def ranks_share_weights(self) -> bool:
+        return False
+
     def init_tensors(self, bagua_ddp) -> List:
         # Re-bucketing: the running ops stop on every rank (all ranks re-bucket
         # at the same step, and abort agrees at the next round); new ones start.

@@ -245,7 +245,8 @@ void bind_decentralized_handle(py::module_& m) {
             }
           },
           py::arg("bucket"), py::arg("cuda_stream") = std::nullopt, ReleaseGil())
-      .def_property_readonly("communication_step", &DecentralizedSynchronousOp::communication_step);
+      .def_property("communication_step", &DecentralizedSynchronousOp::communication_step,
+                    &DecentralizedSynchronousOp::set_communication_step);
 }
 
 // lock_weight / unlock_weight: cuda_stream (CUDA weights) is the training

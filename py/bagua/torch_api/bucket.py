@@ -218,7 +218,13 @@ class DecentralizedSynchronousOp:
 
     @property
     def communication_step(self) -> int:
+        """Executions so far (shift_one's partners follow it); settable, to
+        resume a count, while no execution is pending."""
         return self._op.communication_step
+
+    @communication_step.setter
+    def communication_step(self, step: int) -> None:
+        self._op.communication_step = int(step)
 
 
 def _check_compression(compression, allow_none: bool):

@@ -138,12 +138,12 @@ class BaguaDistributedDataParallel:
     def _prepare_step(self) -> None:
         """Before a training forward: rebuild what the algorithm (need_reset)
         or the profile asks for, apply the autotuner's plan, count the step."""
-        if self.bagua_algorithm_impl.need_reset():
-            self._reset_algorithm_buckets(planning.bucket_order(self.bagua_buckets))
-            self._hooks.bind_algorithm()
-        elif self._pending_order is not None:
+        # A phase change of the algorithm (need_reset), a profiled plan or a
+        # loaded checkpoint: rebuild in the pending order, else the current one.
+        if self.bagua_algorithm_impl.need_reset() or self._pending_order is not None:
             order, self._pending_order = self._pending_order, None
-            self._reset_algorithm_buckets(order)
+            self._reset_algorithm_buckets(order or planning.bucket_order(self.bagua_buckets))
+            self._hooks.bind_algorithm()
         if self.autotuner is not None:
             proposal = self.autotuner.step_begin(self.step_counter + 1)
             if proposal is not None:
@@ -177,6 +177,45 @@ class BaguaDistributedDataParallel:
         """Per bucket: tensors, bytes, and per op its executions and seconds
         spent on the communication thread since the buckets were last built."""
         return json.loads(self._bagua_backend.stats_json())
+
+    # -- checkpoints --------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's engine state for a checkpoint: the step count, the
+        bucket plan (size and tensor order, once profiled) and the
+        algorithm's own state (``AlgorithmImpl.state_dict``). Call it between
+        steps, when no communication is pending."""
+        order = self._pending_order
+        if order is None and self._profiled:
+            order = planning.bucket_order(self.bagua_buckets)
+        impl = self.bagua_algorithm_impl
+        return {"algorithm": type(impl).__name__, "step_counter": self.step_counter,
+                "bucket_bytes": self.bucket_bytes, "order": order,
+                "algorithm_state": impl.state_dict(self)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores ``state_dict()``'s result, after the module's and the
+        optimizers' states were loaded. The buckets are rebuilt before the
+        next forward (in the saved plan), so the algorithm re-reads tensors
+        the optimizers' loading replaced."""
+        self.step_counter = int(state["step_counter"])
+        self.bucket_bytes = int(state["bucket_bytes"])
+        if state["order"] is not None:
+            self._profiled = True  # the plan is the one the saved run profiled
+            self._pending_order = state["order"]
+        self.request_rebuild()
+        impl = self.bagua_algorithm_impl
+        if state["algorithm"] == type(impl).__name__:
+            impl.load_state_dict(self, state["algorithm_state"])
+        else:
+            log("warn", f"{self.bagua_module_name}: the checkpoint was saved with {state['algorithm']}, "
+                        f"this module runs {type(impl).__name__}: the algorithm's own state starts afresh")
+
+    def request_rebuild(self) -> None:
+        """Rebuilds the buckets before the next forward: the tensors the
+        algorithm communicates may have been replaced (an optimizer's state
+        loaded from a checkpoint holds new momentum tensors)."""
+        if self._pending_order is None:
+            self._pending_order = planning.bucket_order(self.bagua_buckets)
 
     # -- teardown ---------------------------------------------------------------
     def remove(self) -> None:
