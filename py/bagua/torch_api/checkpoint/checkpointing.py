@@ -97,7 +97,8 @@ def _rank_states(iteration: int, model, optimizer) -> dict:
     """This rank's file: the engine's state, and where ranks' weights differ
     (and this is not rank 0, whose are in Bagua's file) the rank's own."""
     engine = _engine(model)
-    state = {"iteration": iteration, "rank": get_rank(), "world_size": get_world_size(),
+    # Plain ints: torch.load (weights_only, PyTorch >= 2.6) refuses other classes.
+    state = {"iteration": int(iteration), "rank": int(get_rank()), "world_size": int(get_world_size()),
              "engine": engine.state_dict() if engine is not None else None}
     if get_rank() != 0 and not _ranks_share_weights(model):
         state["model"] = model.state_dict()
@@ -129,7 +130,7 @@ def save_checkpoint(iteration: int, checkpoints_path: str, model: torch.nn.Modul
     directory = _iteration_dir(checkpoints_path, iteration)
     os.makedirs(directory, exist_ok=True)
     if get_rank() == 0:
-        state = {"iteration": iteration, "model": model.state_dict()}
+        state = {"iteration": int(iteration), "model": model.state_dict()}
         if optimizer is not None:
             state["optimizer"] = optimizer.state_dict()
         if lr_scheduler is not None:
