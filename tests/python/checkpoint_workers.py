@@ -53,10 +53,10 @@ ALGORITHMS = {
 }
 
 
-def wrapped(name, seed=7):
+def wrapped(name, seed=7, algorithms=None):
     torch.manual_seed(seed)
     model = Net()
-    make_optimizer, make_algorithm = ALGORITHMS[name]
+    make_optimizer, make_algorithm = (algorithms or ALGORITHMS)[name]
     opt = make_optimizer(model)
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
     model = model.with_bagua([opt], make_algorithm(opt))

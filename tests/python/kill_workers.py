@@ -20,13 +20,12 @@ from bagua.torch_api.algorithms.async_model_average import AsyncModelAverageAlgo
 from checkpoint_workers import ALGORITHMS, batch, sgd, wrapped
 
 ALL = dict(ALGORITHMS, async_model_average=(sgd, lambda opt: AsyncModelAverageAlgorithm(sync_interval_ms=5)))
-ALGORITHMS.update(ALL)  # wrapped() looks algorithms up there
 
 
 def scenario_train(out_dir, name):
     bagua.init_process_group()
     rank = bagua.get_rank()
-    model, opt, scheduler = wrapped(name)
+    model, opt, scheduler = wrapped(name, algorithms=ALL)
     start = time.monotonic()
     step = 0
     try:

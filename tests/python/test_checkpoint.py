@@ -76,3 +76,33 @@ def test_a_corrupt_tracker_is_an_invalid_argument_naming_the_file(tmp_path):
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("12abc")
     with pytest.raises(bagua.InvalidArgumentError, match="latest_checkpointed_iteration.txt"):
         load_checkpoint(str(tmp_path), torch.nn.Linear(2, 2))
+
+
+RESTART_WORKER = Path(__file__).with_name("restart_worker.py")
+
+
+def launch_with_restarts(tmp_path, tag, name, world_size, kill_at):
+    """restart_worker.py under torchrun (bagua's launcher), --max_restarts 3."""
+    out = tmp_path / tag
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", BAGUA_COMM_TIMEOUT_S="20",
+               PYTHONPATH=os.pathsep.join([str(WORKERS.parent), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bagua.distributed.launch", "--nproc_per_node", str(world_size),
+         "--max_restarts", "3", "--master_port", str(free_port()), str(RESTART_WORKER),
+         str(tmp_path / f"{tag}-checkpoints"), str(out), name, str(kill_at)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt") for r in range(world_size)]
+
+
+@pytest.mark.parametrize("name", ["gradient_allreduce", "low_precision_decentralized"])
+def test_a_rank_killed_under_torchrun_restarts_and_the_run_ends_as_if_uninterrupted(name, tmp_path):
+    world_size = 2
+    reference = launch_with_restarts(tmp_path, "reference", name, world_size, kill_at=0)
+    restarted = launch_with_restarts(tmp_path, "killed", name, world_size, kill_at=10)
+    for rank in range(world_size):
+        assert restarted[rank]["restarts"] >= 1 and restarted[rank]["resumed_from"] == 8
+        assert reference[rank]["restarts"] == 0 and reference[rank]["resumed_from"] == 0
+        for a, b in zip(reference[rank]["weights"], restarted[rank]["weights"]):
+            assert torch.equal(a, b), f"rank {rank}: {name} after the restart differs by {(a - b).abs().max()}"
