@@ -9,6 +9,7 @@ ran different numbers of steps stop cleanly; training goes on locally) and
 ``resume(model)`` (called by every rank) starts it again.
 """
 
+import contextlib
 import logging
 from typing import List
 
@@ -59,6 +60,19 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
 
     def ranks_share_weights(self) -> bool:
         return False
+
+    @contextlib.contextmanager
+    def hold_weights(self, bagua_ddp):
+        # Between steps the background thread applies its averages whenever
+        # the lock is free: a checkpoint could save half-updated weights.
+        taken = self.asynchronous and self._started and not self._locked
+        if taken:
+            self.lock(bagua_ddp)
+        try:
+            yield
+        finally:
+            if taken:
+                self.unlock(bagua_ddp)
 
     def init_tensors(self, bagua_ddp) -> List:
         # Re-bucketing: the running ops stop on every rank (all ranks re-bucket

@@ -12,7 +12,8 @@ weight-based algorithm, and a hook that does nothing. They use only bagua's
 public API, as every algorithm here does.
 """
 
-from typing import Callable, List, Sequence, Tuple
+import contextlib
+from typing import Callable, ContextManager, List, Sequence, Tuple
 
 import torch
 
@@ -158,6 +159,12 @@ class AlgorithmImpl:
         optimizers' states were loaded. The engine rebuilds its buckets
         (``init_tensors``, ``init_operations``) before the next forward, so
         state may be kept until then. Default: nothing to restore."""
+
+    def hold_weights(self, bagua_ddp) -> ContextManager:
+        """A context in which no background work of the algorithm reads or
+        writes the weights: a checkpoint saves and loads them there, between
+        steps. Default: the algorithm has no background work."""
+        return contextlib.nullcontext()
 
     def ranks_share_weights(self) -> bool:
         """Whether every rank holds the same weights and optimizer state after

@@ -123,6 +123,34 @@ def scenario_interrupted_save(out_dir, checkpoints, crash_at):
     save_checkpoint(STEPS, checkpoints, model, opt, scheduler)
 
 
+def scenario_hold_weights(out_dir):
+    """Asynchronous model average, training idle: do the weights change over
+    0.3 s, with and without the algorithm's hold_weights (checkpoints read
+    and write the weights inside it)?"""
+    import time
+
+    from bagua.torch_api.algorithms.async_model_average import AsyncModelAverageAlgorithm
+
+    bagua.init_process_group()
+    algorithms = {"async": (sgd, lambda opt: AsyncModelAverageAlgorithm(sync_interval_ms=5))}
+    model, opt, scheduler = wrapped("async", algorithms=algorithms)
+    engine = model.bagua_ddp
+
+    def changes_over(seconds):
+        before = weights(model)
+        time.sleep(seconds)
+        return any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+    train(model, opt, scheduler, 1, 5)  # ranks' weights now differ: rounds move them
+    results = {"free": changes_over(0.3)}
+    train(model, opt, scheduler, 6, 10)
+    with engine.bagua_algorithm_impl.hold_weights(engine):
+        results["held"] = changes_over(0.3)
+    results["after"] = changes_over(0.3)  # the rounds go on after the hold
+    model.without_bagua()
+    torch.save(results, os.path.join(out_dir, f"rank{bagua.get_rank()}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -43,6 +43,14 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(world_size, tmp_
             assert worst <= TOLERANCE[name], f"rank {rank}, {name}: resumed weights differ by {worst}"
 
 
+def test_asynchronous_averaging_leaves_the_weights_alone_while_a_checkpoint_holds_them(tmp_path):
+    # Between steps the background thread applies its averages whenever the
+    # weight lock is free; save_checkpoint / load_checkpoint hold it.
+    for rank, result in enumerate(run_workers("hold_weights", 2, tmp_path, script=WORKERS, timeout=120)):
+        assert result["free"] and result["after"], f"rank {rank}: the rounds did not run: {result}"
+        assert not result["held"], f"rank {rank}: the weights changed while held"
+
+
 def interrupted_save(tmp_path, crash_at):
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",

@@ -23,6 +23,7 @@ the wrapped module (``with_bagua`` first), as Bagua's does; a plain module
 gets its weights (and the optimizer its state), without engine state.
 """
 
+import contextlib
 import logging
 import numbers
 import os
@@ -88,6 +89,13 @@ def _engine(model):
     return getattr(model, "bagua_ddp", None)
 
 
+def _weights_held(model):
+    """No background work touches the weights inside (asynchronous model
+    average applies its averages between steps otherwise)."""
+    engine = _engine(model)
+    return engine.bagua_algorithm_impl.hold_weights(engine) if engine is not None else contextlib.nullcontext()
+
+
 def _ranks_share_weights(model) -> bool:
     engine = _engine(model)
     return engine is None or engine.bagua_algorithm_impl.ranks_share_weights()
@@ -112,6 +120,20 @@ def _barrier() -> None:
         barrier()
 
 
+def _write_files(directory: str, iteration: int, model, optimizer, lr_scheduler) -> None:
+    """Bagua's file (rank 0) and this rank's own, each atomically."""
+    if get_rank() == 0:
+        state = {"iteration": int(iteration), "model": model.state_dict()}
+        if optimizer is not None:
+            state["optimizer"] = optimizer.state_dict()
+        if lr_scheduler is not None:
+            state["lr_scheduler"] = lr_scheduler.state_dict()
+        _atomic_write(_model_file(directory), lambda f: torch.save(state, f))
+    if is_initialized():
+        rank_state = _rank_states(iteration, model, optimizer)
+        _atomic_write(_rank_file(directory, get_rank()), lambda f: torch.save(rank_state, f))
+
+
 def save_checkpoint(iteration: int, checkpoints_path: str, model: torch.nn.Module,
                     optimizer: Optional[torch.optim.Optimizer] = None,
                     lr_scheduler=None) -> None:
@@ -129,16 +151,8 @@ def save_checkpoint(iteration: int, checkpoints_path: str, model: torch.nn.Modul
     logging.info("saving checkpoint at iteration %7d to %s", iteration, checkpoints_path)
     directory = _iteration_dir(checkpoints_path, iteration)
     os.makedirs(directory, exist_ok=True)
-    if get_rank() == 0:
-        state = {"iteration": int(iteration), "model": model.state_dict()}
-        if optimizer is not None:
-            state["optimizer"] = optimizer.state_dict()
-        if lr_scheduler is not None:
-            state["lr_scheduler"] = lr_scheduler.state_dict()
-        _atomic_write(_model_file(directory), lambda f: torch.save(state, f))
-    if is_initialized():
-        rank_state = _rank_states(iteration, model, optimizer)
-        _atomic_write(_rank_file(directory, get_rank()), lambda f: torch.save(rank_state, f))
+    with _weights_held(model):  # until the tensors are written, not only referenced
+        _write_files(directory, iteration, model, optimizer, lr_scheduler)
     _barrier()  # every rank's files are in place before the tracker names them
     if get_rank() == 0:
         tracker = os.path.join(checkpoints_path, TRACKER)
@@ -217,9 +231,10 @@ def _load_files(directory: str, model, optimizer, lr_scheduler, strict: bool) ->
     common = torch.load(_model_file(directory), map_location="cpu")
     mine = _load_rank_file(directory, model)
     own = mine if mine is not None and "model" in mine else common
-    model.load_state_dict(own["model"], strict=strict)
-    if optimizer is not None:
-        optimizer.load_state_dict(own["optimizer"])
+    with _weights_held(model):
+        model.load_state_dict(own["model"], strict=strict)
+        if optimizer is not None:
+            optimizer.load_state_dict(own["optimizer"])
     if lr_scheduler is not None:
         lr_scheduler.load_state_dict(common["lr_scheduler"])
     engine = _engine(model)
