@@ -151,6 +151,22 @@ def scenario_hold_weights(out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{bagua.get_rank()}.pt"))
 
 
+def scenario_rebuild_keeps_step(out_dir):
+    """Decentralized shift_one: the ops' communication step after 3 steps, a
+    rebuild of the buckets (as a checkpoint load or the autotuner does) and
+    2 more steps."""
+    bagua.init_process_group()
+    model, opt, scheduler = wrapped("decentralized_shift_one")  # communicates every 2nd step
+    engine = model.bagua_ddp
+    train(model, opt, scheduler, 1, 3)
+    before = [op.communication_step for op in engine.bagua_algorithm_impl.ops.values()]
+    engine.request_rebuild()
+    train(model, opt, scheduler, 4, 5)
+    after = [op.communication_step for op in engine.bagua_algorithm_impl.ops.values()]
+    model.without_bagua()
+    torch.save({"before": before, "after": after}, os.path.join(out_dir, f"rank{bagua.get_rank()}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -51,6 +51,15 @@ def test_asynchronous_averaging_leaves_the_weights_alone_while_a_checkpoint_hold
         assert not result["held"], f"rank {rank}: the weights changed while held"
 
 
+def test_rebuilt_decentralized_ops_continue_the_communication_step(tmp_path):
+    # shift_one's partners follow the step; new ops started again at 0, so
+    # after a re-bucketing ranks paired as at the start of training.
+    for result in run_workers("rebuild_keeps_step", 2, tmp_path, script=WORKERS, timeout=120,
+                              extra_env={"BAGUA_DEFAULT_BUCKET_SIZE": "1500"}):
+        assert result["before"] and set(result["before"]) == {2}, result  # steps 1 and 3
+        assert set(result["after"]) == {3}, result  # and step 5
+
+
 def interrupted_save(tmp_path, crash_at):
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
