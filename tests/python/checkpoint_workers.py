@@ -15,7 +15,8 @@ import torch.nn.functional as F
 import bagua.torch_api as bagua
 from bagua.torch_api.algorithms.bytegrad import ByteGradAlgorithm
 from bagua.torch_api.algorithms.decentralized import DecentralizedAlgorithm, LowPrecisionDecentralizedAlgorithm
-from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+from bagua.torch_api.algorithms.base import Algorithm
+from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm, GradientAllReduceAlgorithmImpl
 from bagua.torch_api.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
 from bagua.torch_api.checkpoint import checkpointing, load_checkpoint, save_checkpoint
 from workers import Net
@@ -38,6 +39,21 @@ def qadam(model):
     return QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=3)
 
 
+class ErrorFeedbackByteGradImpl(GradientAllReduceAlgorithmImpl):
+    def init_operations(self, bagua_ddp, bucket):
+        bucket.clear_ops()
+        bucket.append_centralized_synchronous_op(average=True, scattergather=True, compression="MinMaxUInt8",
+                                                 group=self.process_group, error_feedback=True)
+
+
+class ErrorFeedbackByteGrad(Algorithm):
+    """ByteGrad with error feedback (no built-in algorithm enables it): its
+    residuals are state a checkpoint must keep."""
+
+    def reify(self, process_group):
+        return ErrorFeedbackByteGradImpl(process_group)
+
+
 # name -> (optimizer factory, algorithm factory taking the optimizer). Not
 # hierarchical: the ranks run on one node, where hierarchical averages all in
 # full precision and the compression and peer selection would never run.
@@ -46,6 +62,7 @@ def qadam(model):
 ALGORITHMS = {
     "gradient_allreduce": (sgd, lambda opt: GradientAllReduceAlgorithm()),
     "bytegrad": (sgd, lambda opt: ByteGradAlgorithm(hierarchical=False)),
+    "bytegrad_error_feedback": (sgd, lambda opt: ErrorFeedbackByteGrad()),
     "qadam": (qadam, lambda opt: QAdamAlgorithm(opt, hierarchical=False)),
     "decentralized_shift_one": (sgd, lambda opt: DecentralizedAlgorithm(
         hierarchical=False, peer_selection_mode="shift_one", communication_interval=2)),

@@ -77,6 +77,7 @@ class BaguaDistributedDataParallel:
         self._tensors_by_name: Dict[str, BaguaTensor] = {}
         self._profiled = False
         self._pending_order: Optional[List[str]] = None
+        self._pending_residuals: dict = {}  # from a checkpoint, for the next rebuild
         self.step_counter = 0
         self.autotuner = None
         self._reset_algorithm_buckets(self._initial_order(autotune))
@@ -125,6 +126,7 @@ class BaguaDistributedDataParallel:
         self.bagua_buckets = planning.plan_buckets(impl, ordered, self.bucket_bytes, self.do_flatten)
         for bucket in self.bagua_buckets:
             impl.init_operations(self, bucket)
+        self._restore_residuals()
         for tensor in self.bagua_tensors:
             tensor._bagua_attach_backend(self._bagua_backend)
         planning.verify_same_buckets(self.bagua_buckets, self.process_group)
@@ -188,9 +190,12 @@ class BaguaDistributedDataParallel:
         if order is None and self._profiled:
             order = planning.bucket_order(self.bagua_buckets)
         impl = self.bagua_algorithm_impl
+        residuals = {b.name: {"layout": planning.bucket_layout(b),
+                              "residuals": [op.residuals() for op in b.error_feedback_ops]}
+                     for b in self.bagua_buckets if b.error_feedback_ops}
         return {"algorithm": type(impl).__name__, "step_counter": self.step_counter,
                 "bucket_bytes": self.bucket_bytes, "order": order,
-                "algorithm_state": impl.state_dict(self)}
+                "algorithm_state": impl.state_dict(self), "error_feedback": residuals}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores ``state_dict()``'s result, after the module's and the
@@ -206,9 +211,29 @@ class BaguaDistributedDataParallel:
         impl = self.bagua_algorithm_impl
         if state["algorithm"] == type(impl).__name__:
             impl.load_state_dict(self, state["algorithm_state"])
+            self._pending_residuals = state.get("error_feedback", {})
         else:
             log("warn", f"{self.bagua_module_name}: the checkpoint was saved with {state['algorithm']}, "
                         f"this module runs {type(impl).__name__}: the algorithm's own state starts afresh")
+
+    def _restore_residuals(self) -> None:
+        """Error feedback's residuals from a loaded checkpoint, into the ops
+        of the buckets just built, where the bucket is the saved one."""
+        pending, self._pending_residuals = self._pending_residuals, {}
+        for bucket in self.bagua_buckets:
+            saved = pending.pop(bucket.name, None)
+            if saved is None:
+                continue
+            if saved["layout"] != planning.bucket_layout(bucket) or \
+                    len(saved["residuals"]) != len(bucket.error_feedback_ops):
+                log("warn", f"{self.bagua_module_name}: bucket {bucket.name} differs from the "
+                            "checkpoint's: its error-feedback residuals restart at zero")
+                continue
+            for op, residuals in zip(bucket.error_feedback_ops, saved["residuals"]):
+                op.load_residuals(residuals)
+        if pending:
+            log("warn", f"{self.bagua_module_name}: error-feedback residuals of buckets "
+                        f"{sorted(pending)} have no bucket to go to: they restart at zero")
 
     def request_rebuild(self) -> None:
         """Rebuilds the buckets before the next forward: the tensors the
