@@ -9,6 +9,7 @@ ran different numbers of steps stop cleanly; training goes on locally) and
 ``resume(model)`` (called by every rank) starts it again.
 """
 
+import contextlib
 import logging
 from typing import List
 
@@ -47,6 +48,31 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
             self.asynchronous = True
             return True
         return False
+
+    def state_dict(self, bagua_ddp) -> dict:
+        return {"steps_done": self.steps_done}
+
+    def load_state_dict(self, bagua_ddp, state: dict) -> None:
+        # need_reset switches to the asynchronous phase again if the loaded
+        # step count is past the warmup (the engine rebuilds its buckets).
+        self.steps_done = int(state["steps_done"])
+        self.asynchronous = self.warmup_steps == 0
+
+    def ranks_share_weights(self) -> bool:
+        return False
+
+    @contextlib.contextmanager
+    def hold_weights(self, bagua_ddp):
+        # Between steps the background thread applies its averages whenever
+        # the lock is free: a checkpoint could save half-updated weights.
+        taken = self.asynchronous and self._started and not self._locked
+        if taken:
+            self.lock(bagua_ddp)
+        try:
+            yield
+        finally:
+            if taken:
+                self.unlock(bagua_ddp)
 
     def init_tensors(self, bagua_ddp) -> List:
         # Re-bucketing: the running ops stop on every rank (all ranks re-bucket

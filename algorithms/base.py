@@ -12,7 +12,8 @@ weight-based algorithm, and a hook that does nothing. They use only bagua's
 public API, as every algorithm here does.
 """
 
-from typing import Callable, List, Sequence, Tuple
+import contextlib
+from typing import Callable, ContextManager, List, Sequence, Tuple
 
 import torch
 
@@ -145,6 +146,32 @@ class AlgorithmImpl:
         (under ``torch.no_grad()``, in eval mode, or in ``no_sync()``), with
         the forward's inputs and its output. Default: nothing."""
         return do_nothing, do_nothing
+
+    def state_dict(self, bagua_ddp) -> dict:
+        """This rank's state of the algorithm that a checkpoint must keep
+        beyond the module, the optimizers and the engine's step count and
+        bucket plan (copies of peers' weights, a communication step...), as
+        objects ``torch.save`` takes. Called between steps. Default: none."""
+        return {}
+
+    def load_state_dict(self, bagua_ddp, state: dict) -> None:
+        """Restores what ``state_dict`` returned, after the module's and the
+        optimizers' states were loaded. The engine rebuilds its buckets
+        (``init_tensors``, ``init_operations``) before the next forward, so
+        state may be kept until then. Default: nothing to restore."""
+
+    def hold_weights(self, bagua_ddp) -> ContextManager:
+        """A context in which no background work of the algorithm reads or
+        writes the weights: a checkpoint saves and loads them there, between
+        steps. Default: the algorithm has no background work."""
+        return contextlib.nullcontext()
+
+    def ranks_share_weights(self) -> bool:
+        """Whether every rank holds the same weights and optimizer state after
+        each step (gradient averaging): a checkpoint then keeps rank 0's only,
+        as Bagua's. False where ranks' weights differ (decentralized,
+        asynchronous): each rank saves and loads its own."""
+        return True
 
     def shutdown(self, bagua_ddp) -> None:
         """Called once when the module stops using this algorithm

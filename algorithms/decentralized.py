@@ -46,11 +46,12 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
         self.peer_weights: Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         # tensor name -> its slices of the copies, kept across re-bucketing
         self._saved_copies: Dict[str, Tuple[torch.Tensor, ...]] = {}
+        # the same, from a checkpoint, adopted at the next re-bucketing
+        self._loaded_copies: Dict[str, Tuple[torch.Tensor, ...]] = {}
 
-    def init_tensors(self, bagua_ddp) -> List:
-        # Re-bucketing (autotune, profiling): keep each tensor's copies of its
-        # own and its neighbours' weights, they are state of the algorithm.
-        self._saved_copies = {}
+    def _copies_by_tensor(self, bagua_ddp) -> Dict[str, Tuple[torch.Tensor, ...]]:
+        """Each bucketed tensor's slices of (weight, left, right), cloned."""
+        copies_by_tensor = {}
         for bucket in bagua_ddp.bagua_buckets:
             copies = self.peer_weights.get(bucket.name)
             if copies is None:
@@ -58,17 +59,35 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
             offset = 0
             for tensor in bucket.tensors:
                 n = tensor.bagua_registered_tensor().numel()
-                self._saved_copies[tensor.bagua_tensor_name] = tuple(c[offset:offset + n].clone() for c in copies)
+                copies_by_tensor[tensor.bagua_tensor_name] = tuple(c[offset:offset + n].clone() for c in copies)
                 offset += n
+        return copies_by_tensor
+
+    def init_tensors(self, bagua_ddp) -> List:
+        # Re-bucketing (autotune, profiling, a loaded checkpoint): keep each
+        # tensor's copies of its own and its neighbours' weights, they are
+        # state of the algorithm.
+        self._saved_copies = self._copies_by_tensor(bagua_ddp)
+        self._saved_copies.update(self._loaded_copies)
+        self._loaded_copies = {}
         self.peer_weights = {}
         return weight_tensors(bagua_ddp)
+
+    def state_dict(self, bagua_ddp) -> dict:
+        return {"peer_weights": self._copies_by_tensor(bagua_ddp)}
+
+    def load_state_dict(self, bagua_ddp, state: dict) -> None:
+        self._loaded_copies = dict(state["peer_weights"])
+
+    def ranks_share_weights(self) -> bool:
+        return False
 
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
         saved = self._saved_copies
         if all(t.bagua_tensor_name in saved for t in bucket.tensors):
             weight, left, right = (torch.cat([saved[t.bagua_tensor_name][i] for t in bucket.tensors])
-                                   for i in range(3))
+                                   .to(bucket.device) for i in range(3))
         else:
             flat = _flat_weights(bucket)
             weight, left, right = flat.clone(), flat.clone(), flat.clone()
@@ -119,15 +138,36 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
         self.peer_selection_mode = peer_selection_mode
         self.communication_interval = communication_interval
         self.ops = {}  # bucket name -> DecentralizedSynchronousOp
+        # The ops' communication step (shift_one's partners follow it), kept
+        # across re-bucketing and checkpoints: new ops continue the count.
+        self._communication_step = 0
+
+    def _current_step(self) -> int:
+        return max((op.communication_step for op in self.ops.values()), default=self._communication_step)
 
     def init_tensors(self, bagua_ddp) -> List:
+        self._communication_step = self._current_step()
+        self.ops = {}
         return weight_tensors(bagua_ddp)
 
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
-        self.ops[bucket.name] = bucket.append_decentralized_synchronous_op(
+        op = bucket.append_decentralized_synchronous_op(
             _flat_weights(bucket), hierarchical=self.hierarchical,
             peer_selection_mode=self.peer_selection_mode, group=self.process_group)
+        op.communication_step = self._communication_step
+        self.ops[bucket.name] = op
+
+    def state_dict(self, bagua_ddp) -> dict:
+        return {"communication_step": self._current_step()}
+
+    def load_state_dict(self, bagua_ddp, state: dict) -> None:
+        self._communication_step = int(state["communication_step"])
+        for op in self.ops.values():
+            op.communication_step = self._communication_step
+
+    def ranks_share_weights(self) -> bool:
+        return False
 
     def init_forward_pre_hook(self, bagua_ddp):
         def hook(inputs):

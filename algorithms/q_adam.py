@@ -80,6 +80,23 @@ class QAdamOptimizer(torch.optim.Optimizer):
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
+    def state_dict(self) -> dict:
+        """torch's optimizer state (the moments) and QAdam's step count, which
+        decides the phase and the bias corrections."""
+        state = super().state_dict()
+        raised = None if self._raised is None else int(self._raised.item())
+        state["qadam"] = {"step_id": self.step_id, "raised": raised, "warned": self._warned}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        qadam = state_dict.pop("qadam", None)
+        super().load_state_dict(state_dict)
+        if qadam is not None:
+            self.step_id = int(qadam["step_id"])
+            self._raised = None if qadam["raised"] is None else torch.tensor(qadam["raised"])
+            self._warned = bool(qadam["warned"])
+
     def in_warmup(self) -> bool:
         """True while the next step is a full-precision Adam step."""
         return self.step_id < self.warmup_steps
@@ -182,6 +199,12 @@ class QAdamAlgorithmImpl(AlgorithmImpl):
             self._compressed_phase = True
             return True
         return False
+
+    def load_state_dict(self, bagua_ddp, state: dict) -> None:
+        # The optimizer (loaded first) holds the step count and the moments;
+        # the phase follows it, and the engine's rebuild re-reads the momentum
+        # tensors the optimizer's loading replaced.
+        self._compressed_phase = not self.optimizer.in_warmup()
 
     def init_tensors(self, bagua_ddp) -> List:
         if not self._compressed_phase:

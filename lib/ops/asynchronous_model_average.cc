@@ -14,7 +14,10 @@ namespace bagua {
 
 AsyncModelAverageOp::AsyncModelAverageOp(std::shared_ptr<Communicator> comm, const Bucket& bucket,
                                          AsyncModelAverageOptions options)
-    : comm_(std::move(comm)), dtype_(bucket.dtype()), options_(options) {
+    : comm_(std::move(comm)),
+      bucket_name_(bucket.name()),
+      dtype_(bucket.dtype()),
+      options_(options) {
   BAGUA_CHECK_ARG(comm_ != nullptr, "asynchronous model average: no communicator");
   BAGUA_CHECK_ARG(options_.peer_selection == PeerSelection::kAll,
                   "asynchronous model average supports peer_selection_mode 'all' only, got '{}'",
@@ -227,9 +230,13 @@ void AsyncModelAverageOp::loop(const std::stop_token& stop) {
     std::lock_guard lock(state_mutex_);
     status_ = AsyncStatus::kStopped;
   } catch (const std::exception& e) {
-    log().error("rank {}: asynchronous model average failed: {}", comm_->rank(), e.what());
+    // Rethrown on the training thread, where the user sees it: it must say
+    // which op and bucket failed (a dead peer shows only as Gloo's address).
+    const std::string where = fmt::format("rank {}: op '{}' of bucket '{}' (background round)",
+                                          comm_->rank(), name(), bucket_name_);
+    log().error("{} failed: {}", where, e.what());
     std::lock_guard lock(state_mutex_);
-    failure_ = std::current_exception();
+    failure_ = with_context(e, where);
     status_ = AsyncStatus::kFailed;
     // No round will use a snapshot or an update now: lock_weight has
     // nothing left to do.

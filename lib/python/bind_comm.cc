@@ -12,9 +12,9 @@
 #include "bagua/comm/gloo_communicator.h"
 #include "bagua/comm/host_staging.h"
 #include "bagua/comm/nccl_communicator.h"
-#include "bagua/core/reduce_op.h"
 #include "bagua/comm/store.h"
 #include "bagua/core/cuda.h"
+#include "bagua/core/reduce_op.h"
 #include "bindings.h"
 
 namespace bagua::python {
@@ -159,7 +159,8 @@ CommPtr gloo_communicator(std::shared_ptr<Store> store, int rank, int size,
                       .interface_name = interface_name,
                       .hostname = hostname,
                       .timeout = from_seconds(timeout_s),
-                      .shared_memory = std::nullopt};
+                      .shared_memory = std::nullopt,
+                      .network_identity = {}};
   auto comm = make_gloo_communicator(std::move(store), rank, size, std::move(options));
   // With CUDA built in, CUDA buffers reach Gloo through pinned host memory.
   return cuda_compiled() ? CommPtr(with_host_staging(std::move(comm))) : CommPtr(std::move(comm));

@@ -130,11 +130,14 @@ void append_centralized_synchronous(Bucket& b, CommPtr global, HierarchyPtr hier
       std::make_unique<CentralizedSynchronousOp>(std::move(global), std::move(hierarchy), options));
 }
 
-void append_centralized_low_precision(Bucket& b, CommPtr global, HierarchyPtr hierarchy,
-                                      const CentralizedLowPrecisionOptions& options) {
+std::shared_ptr<CentralizedLowPrecisionOp> append_centralized_low_precision(
+    Bucket& b, CommPtr global, HierarchyPtr hierarchy,
+    const CentralizedLowPrecisionOptions& options) {
   if (global) require_comm_supports(b, *global, "append_centralized_low_precision_op");
-  b.append_op(std::make_unique<CentralizedLowPrecisionOp>(std::move(global), std::move(hierarchy),
-                                                          b.dtype(), options));
+  auto op = std::make_shared<CentralizedLowPrecisionOp>(std::move(global), std::move(hierarchy),
+                                                        b.dtype(), options);
+  b.append_op(op);
+  return op;
 }
 
 void append_low_precision_decentralized(Bucket& b, CommPtr global, HierarchyPtr hierarchy,
@@ -229,6 +232,17 @@ void bind_bucket_ops(BucketClass& c) {
            py::arg("communicator"), py::arg("options") = AsyncModelAverageOptions{});
 }
 
+// Error feedback's residuals, for checkpoints (see centralized_low_precision.h).
+void bind_low_precision_handle(py::module_& m) {
+  py::class_<CentralizedLowPrecisionOp, CommOp, std::shared_ptr<CentralizedLowPrecisionOp>>(
+      m, "CentralizedLowPrecisionOp")
+      .def("residual_numel", &CentralizedLowPrecisionOp::residual_numel, py::arg("server"))
+      .def("copy_residual_to", &CentralizedLowPrecisionOp::copy_residual_to, py::arg("server"),
+           py::arg("out"), ReleaseGil())
+      .def("set_residual", &CentralizedLowPrecisionOp::set_residual, py::arg("server"),
+           py::arg("values"), ReleaseGil());
+}
+
 void bind_decentralized_handle(py::module_& m) {
   py::class_<DecentralizedSynchronousOp, CommOp, std::shared_ptr<DecentralizedSynchronousOp>>(
       m, "DecentralizedSynchronousOp")
@@ -245,7 +259,8 @@ void bind_decentralized_handle(py::module_& m) {
             }
           },
           py::arg("bucket"), py::arg("cuda_stream") = std::nullopt, ReleaseGil())
-      .def_property_readonly("communication_step", &DecentralizedSynchronousOp::communication_step);
+      .def_property("communication_step", &DecentralizedSynchronousOp::communication_step,
+                    &DecentralizedSynchronousOp::set_communication_step);
 }
 
 // lock_weight / unlock_weight: cuda_stream (CUDA weights) is the training
@@ -285,6 +300,7 @@ void bind_ops(py::module_& m) {
   py::class_<CommOp, std::shared_ptr<CommOp>>(m, "CommOp")
       .def_property_readonly("name", [](const CommOp& op) { return std::string(op.name()); })
       .def_property_readonly("bytes_sent", &CommOp::bytes_sent);
+  bind_low_precision_handle(m);
   bind_decentralized_handle(m);
   bind_async_handle(m);
 

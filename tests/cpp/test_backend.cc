@@ -267,8 +267,9 @@ TEST_CASE("a rank that never joins a bucket's collective: the watchdog names ran
   CHECK(errors[0].find("centralized_synchronous") != std::string::npos);
 }
 
-TEST_CASE("a rank that never arrives: the others fail within the timeout, run no later bucket, "
-          "abort, and are destroyed promptly") {
+TEST_CASE(
+    "a rank that never arrives: the others fail within the timeout, run no later bucket, "
+    "abort, and are destroyed promptly") {
   using Clock = std::chrono::steady_clock;
   const auto timeout = std::chrono::milliseconds(1000);
   const int world = 3;
@@ -363,8 +364,8 @@ TEST_CASE("after a failure no bucket starts and destruction does not wait for st
   // The transport gives up later than the backend (the wait times out with
   // b0 in flight: it must be aborted); or as late, with the training thread
   // computing while b0 fails (b1 and b2 must not start).
-  for (const Case c : {Case{3 * timeout, std::chrono::milliseconds(0)},
-                       Case{timeout, 3 * timeout / 2}}) {
+  for (const Case c :
+       {Case{3 * timeout, std::chrono::milliseconds(0)}, Case{timeout, 3 * timeout / 2}}) {
     CAPTURE(c.op_timeout.count());
     CAPTURE(c.compute.count());
     std::atomic<int> started{0};

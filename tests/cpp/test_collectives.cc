@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "bagua/comm/communicator.h"
@@ -247,6 +248,90 @@ TEST_CASE("a peer that never arrives is a TimeoutError naming the op and rank") 
   CHECK(errors[0].find("allreduce on rank 0") != std::string::npos);
   CHECK(errors[0].find("timed out") != std::string::npos);
   CHECK(errors[1].empty());
+}
+
+// Connects `world` ranks as threads with per-rank options; one message per
+// rank ("" where it connected).
+std::vector<std::string> connect_errors(int world,
+                                        const std::function<GlooOptions(int)>& options_of,
+                                        std::vector<double>* seconds = nullptr) {
+  auto store = make_hash_store();
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  if (seconds) seconds->assign(static_cast<std::size_t>(world), 0.0);
+  {
+    std::vector<std::jthread> threads;
+    for (int rank = 0; rank < world; ++rank) {
+      threads.emplace_back([&, rank] {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          make_gloo_communicator(store, rank, world, options_of(rank));
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(rank)] = e.what();
+        }
+        if (seconds) {
+          (*seconds)[static_cast<std::size_t>(rank)] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        }
+      });
+    }
+  }
+  return errors;
+}
+
+TEST_CASE("rendezvous: loopback advertised to a rank on another host is an error on every rank") {
+  // Two ranks claim different hosts (the test hook) while Gloo would bind
+  // 127.0.0.1, as on hosts whose hostname resolves to loopback: the peer
+  // would connect to its own loopback ("Connection refused") or wait.
+  const auto errors = connect_errors(2, [](int rank) {
+    GlooOptions options;
+    options.prefix = "loopback";
+    options.timeout = std::chrono::milliseconds(3000);
+    options.network_identity = rank == 0 ? "host-a" : "host-b";
+    return options;
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CAPTURE(errors[static_cast<std::size_t>(rank)]);
+    const std::string& e = errors[static_cast<std::size_t>(rank)];
+    CHECK(e.find("127.0.0.1") != std::string::npos);
+    CHECK(e.find("loopback") != std::string::npos);
+    CHECK(e.find("GLOO_SOCKET_IFNAME") != std::string::npos);
+    CHECK(e.find("BAGUA_GLOO_HOSTNAME") != std::string::npos);
+    CHECK(e.find("rank 0") != std::string::npos);
+    CHECK(e.find("rank 1") != std::string::npos);
+    CHECK(e.find("rank -1") == std::string::npos);
+  }
+  // The same identity (one host): loopback is fine.
+  const auto same = connect_errors(2, [](int) {
+    GlooOptions options;
+    options.prefix = "same-host";
+    options.network_identity = "host-a";
+    return options;
+  });
+  CHECK(same == std::vector<std::string>{"", ""});
+}
+
+TEST_CASE("rendezvous: a rank that never arrives fails the others within the timeout, named") {
+  std::vector<double> seconds;
+  const auto errors = connect_errors(
+      3,
+      [](int rank) {
+        GlooOptions options;
+        // Rank 2 joins another rendezvous: for the others it never arrives.
+        options.prefix = rank == 2 ? "elsewhere" : "missing";
+        options.timeout = std::chrono::milliseconds(1000);
+        return options;
+      },
+      &seconds);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CAPTURE(errors[static_cast<std::size_t>(rank)]);
+    const std::string& e = errors[static_cast<std::size_t>(rank)];
+    CHECK(e.find(fmt::format("rank {} of 3", rank)) != std::string::npos);
+    CHECK(e.find("[2]") != std::string::npos);  // the missing rank
+    CHECK(e.find("rank -1") == std::string::npos);
+    CHECK(seconds[static_cast<std::size_t>(rank)] < 1.8);
+  }
 }
 
 TEST_CASE("rendezvous through Gloo's FileStore (ranks sharing a directory)") {

@@ -65,7 +65,19 @@ def test_nccl_backend_request_without_nccl_is_a_clear_error(tmp_path):
         assert "RuntimeError" in mro and "BAGUA_BACKEND=nccl" in message and reason in message, message
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "-0.5"])
+def test_init_process_group_can_be_retried_after_a_failure(tmp_path):
+    # The first call fails after the launcher's rendezvous; the second must
+    # reuse that rendezvous (it was two TCPStore servers on one port: the
+    # ranks met on different ones and both timed out in Gloo's rendezvous).
+    results = run_workers("retry_after_failed_init", 2, tmp_path, timeout=120,
+                          extra_env={"GLOO_SOCKET_IFNAME": "bagua-no-such-if",
+                                     "BAGUA_COMM_TIMEOUT_S": "20"})
+    for r in results:
+        assert r["first"] is not None and "bagua-no-such-if" in r["first"][1], r["first"]
+        assert r["bagua_sum"] == [3.0] * 3 and r["torch_sum"] == [2.0] * 2
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "-0.5", "abc", "1e300"])
 def test_a_non_positive_comm_timeout_is_refused_at_init(value, tmp_path):
     # A zero or negative timeout would make every wait fail at once (or, read
     # as "unset", never): init_process_group refuses it, naming the variable.
@@ -86,3 +98,35 @@ def test_a_non_positive_comm_timeout_is_refused_at_init(value, tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"refused: environment variable BAGUA_COMM_TIMEOUT_S='{value}' is invalid" in proc.stdout, proc.stdout
+
+
+@pytest.fixture
+def comm_timeout(monkeypatch):
+    """Sets BAGUA_COMM_TIMEOUT_S and re-reads the runtime's variables; the
+    process's reading is restored afterwards."""
+    import bagua_core
+
+    def apply(value):
+        monkeypatch.setenv("BAGUA_COMM_TIMEOUT_S", value)
+        return bagua_core._testing.reload_env().comm_timeout_s
+
+    yield apply
+    monkeypatch.undo()
+    bagua_core._testing.reload_env()
+
+
+@pytest.mark.parametrize("value,seconds", [("0.0001", 0.001), ("1e-300", 0.001), ("0.0015", 0.002),
+                                           ("2.5", 2.5)])
+def test_a_tiny_comm_timeout_is_at_least_one_millisecond(comm_timeout, value, seconds):
+    # Timeouts are kept in milliseconds: 0.0001 s rounded to 0 ms, a wait
+    # that fails at once (torch's store: "timed out after 0s") or, read as
+    # "no timeout", never. Rounded up instead: never shorter than asked.
+    assert comm_timeout(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["abc", "1e300", "1e17", "nan", "inf"])
+def test_an_unusable_comm_timeout_is_an_invalid_argument_naming_the_variable(comm_timeout, value):
+    # 1e300 s overflowed the conversion to milliseconds (undefined; here a
+    # negative timeout); abc must not surface as a bare ValueError.
+    with pytest.raises(bagua.InvalidArgumentError, match=f"BAGUA_COMM_TIMEOUT_S='{value}' is invalid"):
+        comm_timeout(value)

@@ -645,6 +645,22 @@ def scenario_backend_choice(out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_retry_after_failed_init(out_dir):
+    """init_process_group fails after the launcher's rendezvous (Gloo cannot
+    bind a missing interface), then is called again with the interface unset:
+    the retry must join the same store, not race a second one on MASTER_PORT."""
+    rank = int(os.environ["RANK"])
+    results = {"first": _capture(bagua.init_process_group)}
+    del os.environ["GLOO_SOCKET_IFNAME"]  # read by init_process_group itself
+    bagua.init_process_group()
+    t = torch.ones(3) * (rank + 1)
+    bagua.allreduce_inplace(t)
+    u = torch.ones(2)
+    dist.all_reduce(u)  # torch.distributed initialized over the same store
+    results["bagua_sum"], results["torch_sum"] = t.tolist(), u.tolist()
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -26,6 +26,10 @@ struct GlooOptions {
   // Allreduce through shared memory among ranks on one host; unset means
   // from BAGUA_SHARED_MEMORY and BAGUA_SHARED_MEMORY_MIN_BYTES.
   std::optional<SharedMemoryOptions> shared_memory;
+  // Which loopback this rank shares: ranks with equal identities reach each
+  // other's 127.0.0.1. Empty: this machine and network namespace (boot id
+  // and namespace inode). Tests set it to fake ranks on different hosts.
+  std::string network_identity;
 };
 
 // Collective over the `size` ranks sharing `store`: connects a full mesh.

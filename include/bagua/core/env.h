@@ -8,7 +8,7 @@
 //
 //   variable                      type          default             field
 //   BAGUA_LOG_LEVEL               level (1)     warn                log_level
-//   BAGUA_COMM_TIMEOUT_S          seconds > 0   300                 comm_timeout
+//   BAGUA_COMM_TIMEOUT_S          seconds (3)   300                 comm_timeout
 //   BAGUA_DEFAULT_BUCKET_SIZE     bytes >= 1    10485760 (10 MiB)   default_bucket_bytes
 //   BAGUA_BACKEND                 gloo|nccl     gloo                backend
 //   BAGUA_CHECK_COLLECTIVES       bool (2)      1                   check_collectives
@@ -25,6 +25,7 @@
 //   BAGUA_AUTOTUNE_MAX_SECONDS    integer >= 1  300                 autotune_max_seconds
 //   (1) trace, debug, info, warn (warning), error (err), critical, off
 //   (2) 1, true, yes, on / 0, false, no, off (any case)
+//   (3) > 0 and <= 1e9, kept in whole milliseconds rounded up (>= 1 ms)
 // Their meaning is in docs/environment.md. The launcher's variables (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
 // GLOO_SOCKET_IFNAME belong to torchrun and are read by the Python package.
@@ -145,13 +146,27 @@ inline double env_positive_seconds(const char* name, double fallback) {
   return parsed;
 }
 
+// A timeout in whole milliseconds, rounded up so that a tiny positive value
+// (0.0001 s) is never 0 ms: a wait that fails at once, or that a backend
+// reads as "no timeout". The upper bound keeps every deadline
+// (steady_clock::now() + timeout, in int64 nanoseconds) from overflowing;
+// 1e9 s is 31 years, long enough to mean "never".
+inline std::chrono::milliseconds env_timeout(const char* name, double fallback_seconds) {
+  constexpr double kMaxSeconds = 1e9;
+  const double seconds = env_positive_seconds(name, fallback_seconds);
+  if (seconds > kMaxSeconds) {
+    env_invalid(name, env_value(name),
+                fmt::format("a number of seconds > 0 and <= {}", kMaxSeconds));
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000.0)));
+}
+
 inline EnvConfig read_env() {
   EnvConfig c;
   c.log_level =
       env_choice("BAGUA_LOG_LEVEL", c.log_level,
                  {"trace", "debug", "info", "warn", "warning", "error", "err", "critical", "off"});
-  c.comm_timeout = std::chrono::milliseconds(
-      std::llround(env_positive_seconds("BAGUA_COMM_TIMEOUT_S", 300.0) * 1000.0));
+  c.comm_timeout = env_timeout("BAGUA_COMM_TIMEOUT_S", 300.0);
   c.default_bucket_bytes = env_positive_int("BAGUA_DEFAULT_BUCKET_SIZE", c.default_bucket_bytes);
   c.shared_memory = env_bool("BAGUA_SHARED_MEMORY", c.shared_memory);
   c.shared_memory_min_bytes =

@@ -7,8 +7,10 @@
 // (BAGUA_CHECK_INTERNAL) so a message tells whose mistake it was.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -48,6 +50,21 @@ class InternalError : public Error {
  public:
   using Error::Error;
 };
+
+// `e` with `context` before its message ("context: message"), of the same
+// class (any other exception becomes a BackendError), so that Python raises
+// the same exception type, now saying where it happened.
+inline std::exception_ptr with_context(const std::exception& e, std::string_view context) {
+  const std::string message = fmt::format("{}: {}", context, e.what());
+  if (dynamic_cast<const TimeoutError*>(&e)) return std::make_exception_ptr(TimeoutError(message));
+  if (dynamic_cast<const InvalidArgument*>(&e)) {
+    return std::make_exception_ptr(InvalidArgument(message));
+  }
+  if (dynamic_cast<const StoreError*>(&e)) return std::make_exception_ptr(StoreError(message));
+  if (dynamic_cast<const InternalError*>(&e))
+    return std::make_exception_ptr(InternalError(message));
+  return std::make_exception_ptr(BackendError(message));
+}
 
 }  // namespace bagua
 

@@ -126,6 +126,7 @@ class AsyncModelAverageOp final : public CommOp {
   void await_service(const std::stop_token& stop, Done&& done);
 
   std::shared_ptr<Communicator> comm_;
+  std::string bucket_name_;  // names the op's bucket in its errors
   std::vector<TensorView> weights_;
   std::int64_t numel_ = 0;
   DType dtype_;

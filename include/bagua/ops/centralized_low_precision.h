@@ -29,6 +29,7 @@
 #include "bagua/comm/communicator.h"
 #include "bagua/compression/chunked_layout.h"
 #include "bagua/compression/minmax_uint8_view.h"
+#include "bagua/core/env.h"
 #include "bagua/ops/hierarchical_op.h"
 #include "bagua/runtime/bucket.h"
 #include "bagua/runtime/compute.h"
@@ -62,6 +63,40 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
     });
   }
 
+  // Error feedback's residuals, for checkpoints: `server` picks the server
+  // side (this rank's reduced chunk) over the worker side (the bucket's
+  // padded fp32 copy). fp32 elements; 0 before the first execution, without
+  // error feedback and on a hierarchical op's non-leaders. Call these only
+  // while no execution is pending (the communication thread owns them then).
+  std::int64_t residual_numel(bool server) const { return residual(server).numel; }
+
+  // out = the residual (fp32, residual_numel elements, on the bucket's device).
+  void copy_residual_to(bool server, const TensorView& out) {
+    const Residual& r = residual(server);
+    BAGUA_CHECK_ARG(out.dtype == DType::kFloat32 && out.numel == r.numel,
+                    "C_LP_S: a residual is float32[{}], got {}", r.numel, out.describe());
+    if (r.numel == 0) return;
+    Compute& c = compute_on(out.device);
+    c.copy(out.data, r.block.data(), out.nbytes());
+    c.finish("C_LP_S residual copy", env().comm_timeout);
+  }
+
+  // The residual = values (fp32, on the bucket's device); 0 elements clear
+  // it. The next execution adds it if the sizes match (the same bucket
+  // layout and world size), else it restarts at zero.
+  void set_residual(bool server, const TensorView& values) {
+    BAGUA_CHECK_ARG(values.dtype == DType::kFloat32, "C_LP_S: a residual is float32, got {}",
+                    values.describe());
+    Residual& r = residual(server);
+    r = Residual{};
+    if (values.numel == 0) return;
+    Compute& c = compute_on(values.device);
+    r.block = c.scratch(values.nbytes());
+    r.numel = values.numel;
+    c.copy(r.block.data(), values.data, values.nbytes());
+    c.finish("C_LP_S residual copy", env().comm_timeout);
+  }
+
  private:
   // A residual kept across steps, on the bucket's device.
   struct Residual {
@@ -69,6 +104,9 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
     std::int64_t numel = 0;
     TensorView view(const Compute& c) const { return c.view(block, numel, DType::kFloat32); }
   };
+
+  Residual& residual(bool server) { return server ? server_error_ : worker_error_; }
+  const Residual& residual(bool server) const { return server ? server_error_ : worker_error_; }
 
   // Written once for host and device: every step is a Compute call (loops on
   // the host, kernels on the communication stream on a GPU), so on a GPU the

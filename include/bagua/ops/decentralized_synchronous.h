@@ -94,6 +94,15 @@ class DecentralizedSynchronousOp final : public HierarchicalOp {
 
   std::int64_t communication_step() const { return step_; }
 
+  // Resumes the step count (shift_one's partners depend on it) after a
+  // checkpoint or when a re-bucketing replaces the op. Call it only while no
+  // execution is pending (the count is not atomic: the communication thread
+  // writes it). Negative steps are refused.
+  void set_communication_step(std::int64_t step) {
+    BAGUA_CHECK_ARG(step >= 0, "D_FP_S: communication_step must be >= 0, got {}", step);
+    step_ = step;
+  }
+
  private:
   // w = average of w with the peers of this step, on `comm`'s ranks.
   void average_with_peers(Communicator& comm, const TensorView& w) {

@@ -52,6 +52,7 @@ class BaguaBucket:
             for t, current in zip(self.tensors, currents):
                 t._bagua_register(current)
         self._keep_alive = []  # tensors the ops hold views of
+        self.error_feedback_ops: List["ErrorFeedbackOp"] = []  # their residuals go into checkpoints
         self.backend_bucket = core.Bucket(
             name, [(t.bagua_tensor_name, tensor_view(t.bagua_registered_tensor(), f"tensor '{t.bagua_tensor_name}'",
                                                   allow_cuda=True))
@@ -60,6 +61,7 @@ class BaguaBucket:
     def clear_ops(self) -> "BaguaBucket":
         self.backend_bucket.clear_ops()
         self._keep_alive = []
+        self.error_feedback_ops = []  # their residuals are saved in checkpoints
         return self
 
     def append_centralized_synchronous_op(self, hierarchical: bool = False, average: bool = True,
@@ -93,9 +95,11 @@ class BaguaBucket:
                     hierarchical=hierarchical, average=average, scattergather=scattergather))
         else:
             _check_floating(self.dtype, "append_centralized_synchronous_op(compression='MinMaxUInt8')")
-            self.backend_bucket.append_centralized_low_precision_op(
+            op = self.backend_bucket.append_centralized_low_precision_op(
                 group.get_bucket_communicator(), hierarchy, core.CentralizedLowPrecisionOptions(
                     hierarchical=hierarchical, average=average, error_feedback=error_feedback))
+            if error_feedback:
+                self.error_feedback_ops.append(ErrorFeedbackOp(op, self.device))
         return self
 
     def append_low_precision_decentralized_synchronous_op(
@@ -200,6 +204,28 @@ class BaguaBucket:
         return f"BaguaBucket({self.name}, {len(self.tensors)} tensors, {self.dtype}, flatten={self.flatten})"
 
 
+class ErrorFeedbackOp:
+    """A C_LP_S op with error feedback: its residuals, for checkpoints. Use
+    them only between steps (no execution pending)."""
+
+    def __init__(self, op, device):
+        self._op, self._device = op, device
+
+    def residuals(self) -> List[torch.Tensor]:
+        """[worker, server] residuals (float32, empty before the first step)."""
+        result = []
+        for server in (False, True):
+            out = torch.empty(self._op.residual_numel(server), dtype=torch.float32, device=self._device)
+            self._op.copy_residual_to(server, tensor_view(out, "residual", allow_cuda=True))
+            result.append(out)
+        return result
+
+    def load_residuals(self, residuals: List[torch.Tensor]) -> None:
+        for server, values in zip((False, True), residuals):
+            values = values.to(device=self._device, dtype=torch.float32).contiguous()
+            self._op.set_residual(server, tensor_view(values, "residual", allow_cuda=True))
+
+
 class DecentralizedSynchronousOp:
     """Handle of a D_FP_S op (see append_decentralized_synchronous_op)."""
 
@@ -218,7 +244,13 @@ class DecentralizedSynchronousOp:
 
     @property
     def communication_step(self) -> int:
+        """Executions so far (shift_one's partners follow it); settable, to
+        resume a count, while no execution is pending."""
         return self._op.communication_step
+
+    @communication_step.setter
+    def communication_step(self, step: int) -> None:
+        self._op.communication_step = int(step)
 
 
 def _check_compression(compression, allow_none: bool):

@@ -11,9 +11,11 @@ Bagua's users import these names from ``bagua.torch_api`` or
 ``bagua.torch_api.communication``; both re-export them from here.
 """
 
+import ipaddress
 import os
 import socket
 import threading
+from datetime import timedelta
 from typing import List, Optional, Sequence
 
 import torch.distributed as dist
@@ -149,30 +151,122 @@ def _gloo_address():
     return "", socket.gethostbyname(socket.gethostname())
 
 
-def _torch_store(world_size: int):
-    """The c10d store of ``torch.distributed``, initializing it (Gloo) if
-    nobody did: bagua rendezvous through the store the launcher set up."""
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ and world_size > 1:
-            raise RuntimeError(
-                "init_process_group: MASTER_PORT is not set; launch with "
-                "'python -m bagua.distributed.launch' or torchrun"
-            )
-        os.environ.setdefault("MASTER_PORT", "29500")
-        dist.init_process_group("gloo", rank=env.get_rank(), world_size=world_size)
+class _Rendezvous:
+    """The launcher's rendezvous made by ``init_process_group``: the c10d
+    store and, until it succeeds, how to initialize ``torch.distributed`` over
+    it. Kept across a failed call: a retry must join the same store, since a
+    second rendezvous would start a second TCPStore server on MASTER_PORT and
+    the ranks could meet on different ones (each then waits for peers that
+    never arrive). ``attempts`` gives each try its own key prefix, so a retry
+    never reads what a failed one left in the store."""
+
+    def __init__(self, key, store, init_torch):
+        self.key, self.store, self.init_torch = key, store, init_torch
+        self.attempts = 0
+
+    def next_prefix(self) -> str:
+        self.attempts += 1
+        return "bagua" if self.attempts == 1 else f"bagua/retry{self.attempts - 1}"
+
+
+_pending_rendezvous: Optional[_Rendezvous] = None
+
+
+def _torch_store(world_size: int) -> _Rendezvous:
+    """The c10d store of ``torch.distributed`` and, if nobody initialized
+    ``torch.distributed``, a function that does (Gloo, over that store): bagua
+    rendezvous through the store the launcher set up.
+
+    The rendezvous and torch's Gloo are bounded by BAGUA_COMM_TIMEOUT_S (not
+    torch's 30 minutes), and torch's Gloo connects only after bagua's own
+    communicator has, whose rendezvous checks every rank's address first and
+    says which variable to set when one advertises loopback to another host.
+    """
+    global _pending_rendezvous
+    if dist.is_initialized():
+        return _Rendezvous(None, dist.distributed_c10d._get_default_store(), None)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ and world_size > 1:
+        raise RuntimeError(
+            "init_process_group: MASTER_PORT is not set; launch with "
+            "'python -m bagua.distributed.launch' or torchrun"
+        )
+    os.environ.setdefault("MASTER_PORT", "29500")
+    key = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], env.get_rank(), world_size)
+    if _pending_rendezvous is not None and _pending_rendezvous.key == key:
+        return _pending_rendezvous  # a retry after a failed call
+    timeout = timedelta(seconds=core.env().comm_timeout_s)  # raises on a bad value
+    # What dist.init_process_group("gloo") does, split in two.
+    raw, rank, world_size = next(dist.rendezvous("env://", env.get_rank(), world_size, timeout=timeout))
+    raw.set_timeout(timeout)
+    store = dist.PrefixStore("default_pg", raw)
+
+    def init_torch():
+        _check_torch_gloo_address(store, rank, world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         _exit.created_torch_group()  # destroyed at exit
-    return dist.distributed_c10d._get_default_store()
+
+    _pending_rendezvous = _Rendezvous(key, store, init_torch)
+    return _pending_rendezvous
 
 
-def _connect(store, rank: int, world_size: int):
-    """The default group's communicator over ``store``, on BAGUA_BACKEND
-    (the runtime applies BAGUA_COMM_TIMEOUT_S itself)."""
-    prefixed = core.python_store(dist.PrefixStore("bagua", store))
+def _network_identity() -> str:
+    """Which loopback interface this process shares with others: the same
+    kernel (boot id) and network namespace (as the C++ rendezvous check)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+        return f"{boot_id}/netns:{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return "host:" + socket.gethostname()
+
+
+def _check_torch_gloo_address(store, rank: int, world_size: int) -> None:
+    """torch.distributed's Gloo takes its address from GLOO_SOCKET_IFNAME or
+    else from the hostname, loopback when the hostname resolves to 127.0.0.1
+    (BAGUA_GLOO_HOSTNAME does not apply to it). Before it connects, the ranks
+    compare notes through the store, so that loopback advertised to a rank on
+    another host is an error on every rank instead of "Connection refused" on
+    one and a hang on the other."""
+    if os.environ.get("GLOO_SOCKET_IFNAME") or world_size == 1:
+        return
+    hostname = socket.gethostname()
+    try:
+        address = socket.gethostbyname(hostname)
+    except OSError:
+        address = "127.0.0.1"  # torch falls back to loopback
+    loopback = ipaddress.ip_address(address).is_loopback
+    store.set(f"bagua/torch_gloo_address/{rank}", f"{_network_identity()}\n{hostname}\n{address}\n{int(loopback)}")
+    peers = [store.get(f"bagua/torch_gloo_address/{r}").decode().split("\n") for r in range(world_size)]
+    for r, (identity, host, addr, is_loopback) in enumerate(peers):
+        if is_loopback != "1":
+            continue
+        for other, (other_identity, other_host, _, _) in enumerate(peers):
+            if other_identity != identity:
+                raise InvalidArgumentError(
+                    f"torch.distributed's Gloo (initialized by bagua.init_process_group): rank {r} "
+                    f"(host {host!r}) would advertise {addr} to its peers, a loopback address (its "
+                    f"hostname resolves to it), but rank {other} (host {other_host!r}) is on another "
+                    f"host or network namespace and cannot reach it. Set GLOO_SOCKET_IFNAME to the "
+                    f"network interface to use (e.g. eth0); BAGUA_GLOO_HOSTNAME applies to bagua's "
+                    f"communicator only, or initialize torch.distributed yourself first")
+
+
+def _check_backend() -> None:
+    """Refuses BAGUA_BACKEND=nccl where NCCL cannot run, before any
+    rendezvous: every rank fails at once with the reason."""
     if core.env().backend == "nccl":
         reason = core.nccl_unavailable_reason()
         if reason:
             raise RuntimeError(f"BAGUA_BACKEND=nccl but NCCL cannot be used here: {reason}")
+
+
+def _connect(store, prefix: str, rank: int, world_size: int):
+    """The default group's communicator over ``store`` (keys under
+    ``prefix``), on BAGUA_BACKEND (the runtime applies BAGUA_COMM_TIMEOUT_S
+    itself)."""
+    prefixed = core.python_store(dist.PrefixStore(prefix, store))
+    if core.env().backend == "nccl":
         return core.nccl_communicator(prefixed, rank, world_size, prefix="default",
                                       device=get_local_rank())
     interface, hostname = _gloo_address()
@@ -190,7 +284,7 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
     shares. Calling it again is a no-op. At exit, what bagua started is
     stopped (see :mod:`bagua.torch_api._exit`).
     """
-    global _default_group
+    global _default_group, _pending_rendezvous
     if _default_group is not None:
         return
     # Explicit arguments win over the launcher's variables (and are written
@@ -200,9 +294,15 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
         if given:
             os.environ[name] = str(value)
     rank, world_size = env.get_rank(), env.get_world_size()
+    _check_backend()
     if store is None:
-        store = _torch_store(world_size)
-    communicator = _connect(store, rank, world_size)
+        rendezvous = _torch_store(world_size)
+        communicator = _connect(rendezvous.store, rendezvous.next_prefix(), rank, world_size)
+        if rendezvous.init_torch is not None:
+            rendezvous.init_torch()
+        _pending_rendezvous = None
+    else:
+        communicator = _connect(store, "bagua", rank, world_size)
     _default_group = BaguaProcessGroup(list(range(world_size)), communicator, "default")
     _exit.install()
     log("info", f"rank {rank} of {world_size} connected ({communicator.backend_name}, "

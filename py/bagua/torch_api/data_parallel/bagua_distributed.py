@@ -77,6 +77,7 @@ class BaguaDistributedDataParallel:
         self._tensors_by_name: Dict[str, BaguaTensor] = {}
         self._profiled = False
         self._pending_order: Optional[List[str]] = None
+        self._pending_residuals: dict = {}  # from a checkpoint, for the next rebuild
         self.step_counter = 0
         self.autotuner = None
         self._reset_algorithm_buckets(self._initial_order(autotune))
@@ -125,6 +126,7 @@ class BaguaDistributedDataParallel:
         self.bagua_buckets = planning.plan_buckets(impl, ordered, self.bucket_bytes, self.do_flatten)
         for bucket in self.bagua_buckets:
             impl.init_operations(self, bucket)
+        self._restore_residuals()
         for tensor in self.bagua_tensors:
             tensor._bagua_attach_backend(self._bagua_backend)
         planning.verify_same_buckets(self.bagua_buckets, self.process_group)
@@ -138,12 +140,12 @@ class BaguaDistributedDataParallel:
     def _prepare_step(self) -> None:
         """Before a training forward: rebuild what the algorithm (need_reset)
         or the profile asks for, apply the autotuner's plan, count the step."""
-        if self.bagua_algorithm_impl.need_reset():
-            self._reset_algorithm_buckets(planning.bucket_order(self.bagua_buckets))
-            self._hooks.bind_algorithm()
-        elif self._pending_order is not None:
+        # A phase change of the algorithm (need_reset), a profiled plan or a
+        # loaded checkpoint: rebuild in the pending order, else the current one.
+        if self.bagua_algorithm_impl.need_reset() or self._pending_order is not None:
             order, self._pending_order = self._pending_order, None
-            self._reset_algorithm_buckets(order)
+            self._reset_algorithm_buckets(order or planning.bucket_order(self.bagua_buckets))
+            self._hooks.bind_algorithm()
         if self.autotuner is not None:
             proposal = self.autotuner.step_begin(self.step_counter + 1)
             if proposal is not None:
@@ -177,6 +179,68 @@ class BaguaDistributedDataParallel:
         """Per bucket: tensors, bytes, and per op its executions and seconds
         spent on the communication thread since the buckets were last built."""
         return json.loads(self._bagua_backend.stats_json())
+
+    # -- checkpoints --------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's engine state for a checkpoint: the step count, the
+        bucket plan (size and tensor order, once profiled) and the
+        algorithm's own state (``AlgorithmImpl.state_dict``). Call it between
+        steps, when no communication is pending."""
+        order = self._pending_order
+        if order is None and self._profiled:
+            order = planning.bucket_order(self.bagua_buckets)
+        impl = self.bagua_algorithm_impl
+        residuals = {b.name: {"layout": planning.bucket_layout(b),
+                              "residuals": [op.residuals() for op in b.error_feedback_ops]}
+                     for b in self.bagua_buckets if b.error_feedback_ops}
+        return {"algorithm": type(impl).__name__, "step_counter": self.step_counter,
+                "bucket_bytes": self.bucket_bytes, "order": order,
+                "algorithm_state": impl.state_dict(self), "error_feedback": residuals}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores ``state_dict()``'s result, after the module's and the
+        optimizers' states were loaded. The buckets are rebuilt before the
+        next forward (in the saved plan), so the algorithm re-reads tensors
+        the optimizers' loading replaced."""
+        self.step_counter = int(state["step_counter"])
+        self.bucket_bytes = int(state["bucket_bytes"])
+        if state["order"] is not None:
+            self._profiled = True  # the plan is the one the saved run profiled
+            self._pending_order = state["order"]
+        self.request_rebuild()
+        impl = self.bagua_algorithm_impl
+        if state["algorithm"] == type(impl).__name__:
+            impl.load_state_dict(self, state["algorithm_state"])
+            self._pending_residuals = state.get("error_feedback", {})
+        else:
+            log("warn", f"{self.bagua_module_name}: the checkpoint was saved with {state['algorithm']}, "
+                        f"this module runs {type(impl).__name__}: the algorithm's own state starts afresh")
+
+    def _restore_residuals(self) -> None:
+        """Error feedback's residuals from a loaded checkpoint, into the ops
+        of the buckets just built, where the bucket is the saved one."""
+        pending, self._pending_residuals = self._pending_residuals, {}
+        for bucket in self.bagua_buckets:
+            saved = pending.pop(bucket.name, None)
+            if saved is None:
+                continue
+            if saved["layout"] != planning.bucket_layout(bucket) or \
+                    len(saved["residuals"]) != len(bucket.error_feedback_ops):
+                log("warn", f"{self.bagua_module_name}: bucket {bucket.name} differs from the "
+                            "checkpoint's: its error-feedback residuals restart at zero")
+                continue
+            for op, residuals in zip(bucket.error_feedback_ops, saved["residuals"]):
+                op.load_residuals(residuals)
+        if pending:
+            log("warn", f"{self.bagua_module_name}: error-feedback residuals of buckets "
+                        f"{sorted(pending)} have no bucket to go to: they restart at zero")
+
+    def request_rebuild(self) -> None:
+        """Rebuilds the buckets before the next forward: the tensors the
+        algorithm communicates may have been replaced (an optimizer's state
+        loaded from a checkpoint holds new momentum tensors)."""
+        if self._pending_order is None:
+            self._pending_order = planning.bucket_order(self.bagua_buckets)
 
     # -- teardown ---------------------------------------------------------------
     def remove(self) -> None:

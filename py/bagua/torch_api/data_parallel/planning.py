@@ -52,11 +52,16 @@ def bucket_order(buckets) -> List[str]:
     return [t.bagua_tensor_name for b in buckets for t in b.tensors]
 
 
+def bucket_layout(bucket) -> str:
+    """The bucket's name, tensors and sizes, as a string to compare."""
+    return f"{bucket.name}:" + ",".join(f"{t.bagua_tensor_name}/{t.bagua_registered_tensor().numel()}"
+                                        for t in bucket.tensors)
+
+
 def verify_same_buckets(buckets, group) -> None:
     """Every rank must register the same buckets: compare a digest (bucket
     count and a CRC of names and sizes) with one allgather."""
-    layout = ";".join(f"{b.name}:" + ",".join(f"{t.bagua_tensor_name}/{t.bagua_registered_tensor().numel()}"
-                                              for t in b.tensors) for b in buckets)
+    layout = ";".join(bucket_layout(b) for b in buckets)
     digest = torch.tensor([len(buckets), zlib.crc32(layout.encode())], dtype=torch.int64)
     comm = group.get_global_communicator()
     if comm.size == 1:
