@@ -1,0 +1,224 @@
+"""BlueFog's communication calls: neighbour ops, collectives, handles.
+
+Every call is queued to BlueFog's worker thread (``_state``) in issue order
+and a blocking call is its nonblocking form followed by ``synchronize``, so
+calls in flight never interleave on a communicator and every rank issues
+them in the same order. The neighbour ops are the C++ ops of
+``include/bagua/ops/neighbor_*.h``; each waits at most BAGUA_COMM_TIMEOUT_S,
+and with ``enable_topo_check`` (the default) a mismatched send/receive
+pattern raises ValueError on every rank before anything is sent.
+
+Tensors travel through host memory where the communicator cannot reach
+theirs; the input is never modified except by the ``_`` forms.
+"""
+
+from typing import Dict, List, Optional, Union
+
+import torch
+
+from bagua.bluefog import _state, topology_util
+from bagua.bluefog._state import state
+from bagua.torch_api import communication as comm_api
+from bagua.torch_api._core import core, dtype_name, tensor_view
+
+
+# -- handles --------------------------------------------------------------------------
+def _submit(fn) -> int:
+    st = state()
+    future = st.executor.submit(fn)
+    handle = st.next_handle
+    st.next_handle += 1
+    st.handles[handle] = future
+    return handle
+
+
+def _future(handle: int):
+    futures = state().handles
+    if handle not in futures:
+        raise ValueError(f"handle {handle!r} was not returned by a nonblocking call, or was "
+                         "already synchronized")
+    return futures[handle]
+
+
+def poll(handle: int) -> bool:
+    """Whether the call of ``handle`` has finished (synchronize still needed)."""
+    return _future(handle).done()
+
+
+def synchronize(handle: int):
+    """Waits for the call of ``handle`` and returns its output; its error, if
+    it failed, is raised here. The ops bound their own waits by
+    BAGUA_COMM_TIMEOUT_S; the margin here only covers queued calls."""
+    future = _future(handle)
+    timeout = core.env().comm_timeout_s
+    try:
+        # Calls queued before this one may each take up to the timeout.
+        return future.result(timeout=timeout * (1 + len(state().handles)) + 60)
+    finally:
+        del state().handles[handle]
+
+
+wait = synchronize
+
+
+def _blocking(handle: int):
+    return synchronize(handle)
+
+
+# -- tensors on the communicator ------------------------------------------------------
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` contiguous, in memory the communicator reaches."""
+    comm = state().comm
+    if tensor.is_cuda:
+        torch.cuda.current_stream(tensor.device).synchronize()
+    if not comm.supports(str(tensor.device.type)):
+        tensor = tensor.detach().to("cpu")
+    return tensor.detach().contiguous()
+
+
+def _view(tensor: torch.Tensor):
+    return tensor_view(tensor, allow_cuda=True)
+
+
+# -- neighbor_allreduce ---------------------------------------------------------------
+def _check_weights(what: str, weights) -> Dict[int, float]:
+    if isinstance(weights, dict):
+        items = list(weights.items())
+    else:
+        items = [(r, 1.0) for r in weights]
+        if len({int(r) for r in weights}) != len(items):
+            raise ValueError(f"{what} names a rank twice: {list(weights)}")
+    out = {}
+    for r, w in items:
+        if isinstance(r, bool) or not isinstance(r, int) and not hasattr(r, "__index__"):
+            raise ValueError(f"{what}: ranks must be integers, got {r!r}")
+        out[int(r)] = float(w)
+    return out
+
+
+def _neighbor_options(self_weight, src_weights, dst_weights, enable_topo_check, name):
+    """The C++ options of one call, per the table of design section 7."""
+    st = state()
+    if (self_weight is None) != (src_weights is None):
+        raise ValueError("neighbor_allreduce: give both self_weight and src_weights, or neither")
+    if dst_weights is not None and self_weight is None:
+        raise ValueError("neighbor_allreduce: dst_weights needs self_weight and src_weights too")
+    check = bool(enable_topo_check)
+    ins, outs = _state.in_neighbor_ranks(), _state.out_neighbor_ranks()
+    kw = dict(check_pattern=check, name=name or "")
+    if self_weight is None:
+        if st.is_weighted:
+            self_weight, src_weights = topology_util.GetRecvWeights(st.topology, _state.rank())
+            return core.NeighborAllreduceOptions(
+                self_weight=self_weight, sources=sorted(src_weights.items()),
+                destinations=[(r, 1.0) for r in outs], **kw)
+        return core.NeighborAllreduceOptions(
+            sources=[(r, 1.0) for r in ins], destinations=[(r, 1.0) for r in outs], **kw)
+    sources = _check_weights("src_weights", src_weights)
+    if dst_weights is None:
+        unknown = sorted(set(sources) - set(ins))
+        if unknown:
+            raise ValueError(f"neighbor_allreduce: src_weights names {unknown}, not in-neighbours "
+                             f"of rank {_state.rank()} ({ins}); pass dst_weights too for a "
+                             "dynamic pattern")
+        return core.NeighborAllreduceOptions(
+            self_weight=float(self_weight), sources=sorted(sources.items()),
+            ignored_sources=[r for r in ins if r not in sources],
+            destinations=[(r, 1.0) for r in outs], **kw)
+    destinations = _check_weights("dst_weights", dst_weights)
+    return core.NeighborAllreduceOptions(
+        self_weight=float(self_weight), sources=sorted(sources.items()),
+        destinations=sorted(destinations.items()), **kw)
+
+
+_RENAMED = {"neighbor_weights": "src_weights", "send_neighbors": "dst_weights"}
+
+
+def _reject_renamed(op: str, kwargs) -> None:
+    for key in kwargs:
+        if key in _RENAMED:
+            raise TypeError(f"{op}: '{key}' was renamed to '{_RENAMED[key]}' in BlueFog 0.3")
+        raise TypeError(f"{op}() got an unexpected keyword argument '{key}'")
+
+
+def neighbor_allreduce_nonblocking(tensor: torch.Tensor, *, self_weight: Optional[float] = None,
+                                   src_weights: Optional[Dict[int, float]] = None,
+                                   dst_weights: Union[None, List[int], Dict[int, float]] = None,
+                                   enable_topo_check: bool = True, name: Optional[str] = None,
+                                   **kwargs) -> int:
+    _reject_renamed("neighbor_allreduce", kwargs)
+    if state().skip_negotiate and enable_topo_check is True and dst_weights is None:
+        enable_topo_check = False  # static calls on an agreed topology
+    options = _neighbor_options(self_weight, src_weights, dst_weights, enable_topo_check, name)
+    x = _host(tensor)
+    out = torch.empty_like(x)
+
+    def run():
+        state().neighbor_allreduce.run(_view(x), _view(out), options)
+        return out.to(tensor.device).view(tensor.shape)
+    return _submit(run)
+
+
+def neighbor_allreduce(tensor: torch.Tensor, *, self_weight: Optional[float] = None,
+                       src_weights: Optional[Dict[int, float]] = None,
+                       dst_weights: Union[None, List[int], Dict[int, float]] = None,
+                       enable_topo_check: bool = True, name: Optional[str] = None,
+                       **kwargs) -> torch.Tensor:
+    """out = self_weight * x + sum_j src_weights[j] * d_j * x_j (see the
+    design's table); no weights: the uniform average over the in-neighbours
+    (or the topology's weights when it is weighted)."""
+    return _blocking(neighbor_allreduce_nonblocking(
+        tensor, self_weight=self_weight, src_weights=src_weights, dst_weights=dst_weights,
+        enable_topo_check=enable_topo_check, name=name, **kwargs))
+
+
+# -- neighbor_allgather ---------------------------------------------------------------
+def _rank_list(what: str, ranks) -> List[int]:
+    out = [int(r) for r in list(ranks)]
+    if len(set(out)) != len(out):
+        raise ValueError(f"{what} names a rank twice: {out}")
+    return out
+
+
+def neighbor_allgather_nonblocking(tensor: torch.Tensor, *, src_ranks=None, dst_ranks=None,
+                                   enable_topo_check: bool = True,
+                                   name: Optional[str] = None) -> int:
+    if (src_ranks is None) != (dst_ranks is None):
+        raise ValueError("neighbor_allgather: give both src_ranks and dst_ranks, or neither")
+    if src_ranks is None:
+        src_ranks, dst_ranks = _state.in_neighbor_ranks(), _state.out_neighbor_ranks()
+    options = core.NeighborAllgatherOptions(
+        sources=_rank_list("src_ranks", src_ranks), destinations=_rank_list("dst_ranks", dst_ranks),
+        check_pattern=bool(enable_topo_check), name=name or "")
+    x = _host(tensor)
+
+    def run():
+        op = state().neighbor_allgather
+        plan = op.plan(dtype_name(x.dtype), x.numel(), options)
+        out = _gathered_output(x, plan.counts)
+        op.run(plan, _view(x), _view(out))
+        return out.to(tensor.device)
+    return _submit(run)
+
+
+def _gathered_output(x: torch.Tensor, counts: List[int]) -> torch.Tensor:
+    """The output of gathering blocks of ``counts`` elements along dim 0 of
+    tensors shaped like ``x`` beyond their first dimension."""
+    row = 1
+    for d in x.shape[1:]:
+        row *= d
+    row = max(row, 1)
+    bad = [c for c in counts if c % row != 0]
+    if bad:
+        raise ValueError(f"neighbor_allgather: rank {_state.rank()} received {bad[0]} elements, "
+                         f"not whole rows of {row}: the tensors differ beyond dimension 0")
+    return torch.empty((sum(counts) // row,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+
+
+def neighbor_allgather(tensor: torch.Tensor, *, src_ranks=None, dst_ranks=None,
+                       enable_topo_check: bool = True, name: Optional[str] = None) -> torch.Tensor:
+    """The in-neighbours' tensors (or src_ranks'), concatenated along dim 0 in
+    in_neighbor_ranks() order (or src_ranks order), self excluded."""
+    return _blocking(neighbor_allgather_nonblocking(
+        tensor, src_ranks=src_ranks, dst_ranks=dst_ranks, enable_topo_check=enable_topo_check,
+        name=name))
