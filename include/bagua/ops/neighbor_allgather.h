@@ -55,8 +55,10 @@ class NeighborAllgather {
     BAGUA_CHECK_ARG(numel >= 0, "{}: negative element count {}", op, numel);
     check_neighbor_ranks(op, "src_ranks", options.sources, comm_->rank(), comm_->size());
     check_neighbor_ranks(op, "dst_ranks", options.destinations, comm_->rank(), comm_->size());
-    NeighborAllgatherPlan p{
-        .tag = sequence_.next_tag(options.name), .dtype = dtype, .numel = numel};
+    NeighborAllgatherPlan p;
+    p.tag = sequence_.next_tag(options.name);
+    p.dtype = dtype;
+    p.numel = numel;
     if (options.check_pattern && comm_->size() > 1) {
       check_neighbor_pattern(*comm_, {.op = "neighbor_allgather",
                                       .tag = p.tag,
@@ -129,6 +131,8 @@ class NeighborAllgather {
           fmt::format("{}: no matching peer within the timeout (pattern checked: "
                       "{}); {}",
                       where(o.name), o.check_pattern, e.what()));
+    } catch (const BackendError& e) {
+      throw BackendError(fmt::format("{}: {}", where(o.name), e.what()));
     }
   }
 

@@ -118,7 +118,12 @@ class NeighborAllreduce {
 
   NeighborPattern pattern(const TensorView& in, const NeighborAllreduceOptions& o,
                           std::uint64_t tag) const {
-    NeighborPattern p{.op = "neighbor_allreduce", .tag = tag, .dtype = in.dtype, .numel = in.numel};
+    NeighborPattern p{.op = "neighbor_allreduce",
+                      .tag = tag,
+                      .dtype = in.dtype,
+                      .numel = in.numel,
+                      .sends = {},
+                      .receives = {}};
     for (const auto& d : o.destinations) p.sends.push_back(d.rank);
     for (const auto& s : o.sources) p.receives.push_back(s.rank);
     p.receives.insert(p.receives.end(), o.ignored_sources.begin(), o.ignored_sources.end());
@@ -177,6 +182,8 @@ class NeighborAllreduce {
           fmt::format("{}: no matching peer within the timeout (pattern checked: "
                       "{}); {}",
                       where(o), o.check_pattern, e.what()));
+    } catch (const BackendError& e) {
+      throw BackendError(fmt::format("{}: {}", where(o), e.what()));
     }
   }
 

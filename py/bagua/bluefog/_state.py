@@ -178,8 +178,8 @@ def _digest(topology: Optional[nx.DiGraph], is_weighted: bool) -> int:
 
 def _agree(value: int) -> List[int]:
     """Every rank's ``value`` (an allgather on BlueFog's communicator)."""
-    from bagua.bluefog import _ops
-    return _ops.allgather(torch.tensor([value], dtype=torch.int64)).tolist()
+    from bagua.bluefog import _collectives
+    return _collectives.allgather(torch.tensor([value], dtype=torch.int64)).tolist()
 
 
 def _topology_error(topology, n: int) -> Optional[TypeError]:

@@ -1,0 +1,222 @@
+"""Worker scenarios of test_bluefog_ops.py, run on several processes by
+launcher.run_workers. Each rank records what bagua.bluefog returned (and the
+errors it raised) into OUT_DIR/rank{RANK}.pt; the tests compare them with
+pure-Python references of the formulas, so the workers compute nothing
+they check themselves.
+
+Usage: bluefog_workers.py SCENARIO OUT_DIR [ARGS...]
+"""
+
+import os
+import sys
+import time
+
+import torch
+
+import bagua.bluefog as bf
+from bagua.bluefog import topology_util
+
+
+def _save(results):
+    torch.save(results, os.path.join(sys.argv[2], f"rank{bf.rank()}.pt"))
+
+
+def _error(fn, *args, **kwargs):
+    """The error fn raised, as (type name, is a ValueError, message); None if
+    it returned."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the test looks at what was raised
+        return type(error).__name__, isinstance(error, ValueError), str(error)
+    return None
+
+
+def _x(dtype=torch.float64):
+    """This rank's tensor: every element equals the rank."""
+    return torch.full((3, 2), float(bf.rank()), dtype=dtype)
+
+
+def scenario_queries(_):
+    bf.init()
+    _save({"rank": bf.rank(), "size": bf.size(), "local_rank": bf.local_rank(),
+           "local_size": bf.local_size(), "machine_rank": bf.machine_rank(),
+           "machine_size": bf.machine_size(), "homogeneous": bf.is_homogeneous(),
+           "in": bf.in_neighbor_ranks(), "out": bf.out_neighbor_ranks(),
+           "default_is_exponential": topology_util.IsTopologyEquivalent(
+               bf.load_topology(), topology_util.ExponentialGraph(bf.size())),
+           "local_sum": bf.allreduce(torch.tensor([float(bf.rank())]), average=False,
+                                     is_hierarchical_local=True).item()})
+
+
+def _static_calls(n, r, ins, outs):
+    x = _x()
+    out = {"default": bf.neighbor_allreduce(x),
+           "sum": bf.neighbor_allreduce(x, self_weight=1.0, src_weights={j: 1.0 for j in ins}),
+           "push_pull": bf.neighbor_allreduce(x, self_weight=0.5,
+                                              src_weights={j: 1.0 for j in ins},
+                                              dst_weights={j: 0.5 for j in outs}),
+           "float32": bf.neighbor_allreduce(_x(torch.float32)),
+           "float16": bf.neighbor_allreduce(_x(torch.float16)),
+           "bfloat16": bf.neighbor_allreduce(_x(torch.bfloat16)),
+           "tiny": bf.neighbor_allreduce(torch.full((5,), 2.0 ** -256, dtype=torch.float64)),
+           "empty": bf.neighbor_allreduce(torch.empty(0, 4, dtype=torch.float64)),
+           "input_untouched": None}
+    if ins:  # partial: only the first in-neighbour is combined, the others are dropped
+        out["partial"] = bf.neighbor_allreduce(x, self_weight=0.5, src_weights={ins[0]: 0.5})
+    if n > 1:  # "move": not edges of the static graph in general
+        out["move"] = bf.neighbor_allreduce(x, self_weight=0.0, src_weights={(r - 1) % n: 1.0},
+                                            dst_weights=[(r + 1) % n])
+    out["input_untouched"] = bool((x == r).all())
+    return out
+
+
+def scenario_static(_):
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    results = _static_calls(n, r, bf.in_neighbor_ranks(), bf.out_neighbor_ranks())
+    results["in"], results["out"] = bf.in_neighbor_ranks(), bf.out_neighbor_ranks()
+    _save(results)
+
+
+def _weighted_graphs(n):
+    graphs = {f"star{c}": topology_util.StarGraph(n, c) for c in range(n)}
+    graphs.update({f"ring{s}": topology_util.RingGraph(n, s) for s in range(3)})
+    graphs["mesh"] = topology_util.MeshGrid2DGraph(n)
+    graphs["exp3"] = topology_util.ExponentialGraph(n, 3)
+    return graphs
+
+
+def scenario_weighted(_):
+    bf.init()
+    x = torch.arange(4, dtype=torch.float64) + 10.0 * bf.rank()
+    results = {"x": x}
+    for name, graph in _weighted_graphs(bf.size()).items():
+        assert bf.set_topology(graph, is_weighted=True)
+        results[name] = bf.neighbor_allreduce(x)
+        results[name + ".unweighted"] = None
+        assert bf.set_topology(graph, is_weighted=False)
+        results[name + ".unweighted"] = bf.neighbor_allreduce(x)
+    _save(results)
+
+
+def scenario_dynamic(_):
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    gen = topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), r)
+    x, steps = _x(), []
+    for _step in range(4):
+        send, recv = next(gen)
+        w = 1.0 / (len(recv) + 1)
+        x = bf.neighbor_allreduce(x, self_weight=w, src_weights={j: w for j in recv},
+                                  dst_weights=send, enable_topo_check=True)
+        steps.append((send, recv, x.clone()))
+    _save({"steps": steps})
+
+
+def scenario_allgather(_):
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    rows = torch.full((r + 1, 2), float(r))  # first dimension differs per rank
+    results = {"neighbors": bf.neighbor_allgather(rows), "in": bf.in_neighbor_ranks(),
+               "ints": bf.neighbor_allgather(torch.tensor([r, r * 10], dtype=torch.int64))}
+    if n > 1:
+        src = [(r - 1) % n, (r + 1) % n] if n > 2 else [(r + 1) % n]
+        results["src"] = src
+        results["dynamic"] = bf.neighbor_allgather(rows, src_ranks=src, dst_ranks=src)
+    results["allgather"] = bf.allgather(rows)
+    _save(results)
+
+
+def scenario_collectives(_):
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    x = torch.arange(3, dtype=torch.float64) + r
+    results = {"avg": bf.allreduce(x), "sum": bf.allreduce(x, average=False),
+               "int_sum": bf.allreduce(torch.tensor([r], dtype=torch.int32), average=False),
+               "bcast": bf.broadcast(x, root_rank=n - 1), "x_after": x.clone()}
+    y = x.clone()
+    bf.allreduce_(y)
+    results["inplace"] = y
+    handles = [bf.neighbor_allreduce_nonblocking(x * k, name=f"nb{k}") for k in range(6)]
+    handles += [bf.allreduce_nonblocking(x * k) for k in range(3)]
+    results["polled"] = all(isinstance(bf.poll(h), bool) for h in handles)
+    results["nonblocking"] = [bf.synchronize(h) for h in handles]
+    results["unknown_handle"] = _error(bf.synchronize, handles[0])
+    torch.manual_seed(r)
+    model = torch.nn.Linear(3, 2).double()
+    bf.broadcast_parameters(model.state_dict(), root_rank=0)
+    results["params"] = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.Adam(model.parameters(), lr=0.1 * (r + 1))
+    if r == 0:
+        model(torch.ones(1, 3, dtype=torch.float64)).sum().backward()
+        opt.step()
+    bf.broadcast_optimizer_state(opt, root_rank=0)
+    results["lr"] = opt.param_groups[0]["lr"]
+    results["exp_avg"] = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
+    results["infer_src"] = topology_util.InferSourceFromDestinationRanks(
+        bf.out_neighbor_ranks(), construct_adjacency_matrix=True)
+    results["infer_dst"] = topology_util.InferDestinationFromSourceRanks(bf.in_neighbor_ranks())
+    bf.barrier()
+    _save(results)
+
+
+def scenario_mismatch(_):
+    """Mismatched patterns with the check on: ValueError on every rank,
+    nothing sent, and the next calls still work."""
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    x = _x()
+    # A ring pass in which rank 0 sends nothing: rank 1 waits for it.
+    dst = [] if r == 0 else [(r + 1) % n]
+    results = {"bad_dynamic": _error(bf.neighbor_allreduce, x, self_weight=0.5,
+                                     src_weights={(r - 1) % n: 0.5}, dst_weights=dst)}
+    # Ranks pass different sizes.
+    results["bad_size"] = _error(bf.neighbor_allreduce, torch.zeros(r + 1, dtype=torch.float64))
+    # Argument errors, raised before anything is sent.
+    results["args"] = {
+        "self_only": _error(bf.neighbor_allreduce, x, self_weight=0.5),
+        "src_only": _error(bf.neighbor_allreduce, x, src_weights={}),
+        "dst_alone": _error(bf.neighbor_allreduce, x, dst_weights=[]),
+        "not_in": _error(bf.neighbor_allreduce, x, self_weight=0.5, src_weights={r: 0.5}),
+        "duplicate": _error(bf.neighbor_allreduce, x, self_weight=0.5, src_weights={},
+                            dst_weights=[(r + 1) % n] * 2),
+        "integer": _error(bf.neighbor_allreduce, torch.zeros(2, dtype=torch.int64)),
+        "renamed": _error(bf.neighbor_allreduce, x, neighbor_weights={}),
+        "allgather_half": _error(bf.neighbor_allgather, x, src_ranks=[]),
+    }
+    results["after"] = bf.neighbor_allreduce(x)
+    # Different graphs per rank: every rank gets False and keeps its topology.
+    graph = (topology_util.FullyConnectedGraph(n) if r % 2 == 0 else
+             topology_util.nx.from_numpy_array(topology_util.np.eye(n),
+                                               create_using=topology_util.nx.DiGraph))
+    results["set_different"] = bf.set_topology(graph)
+    results["kept_exponential"] = topology_util.IsTopologyEquivalent(
+        bf.load_topology(), topology_util.ExponentialGraph(n))
+    results["set_same"] = bf.set_topology(topology_util.RingGraph(n))
+    results["set_again"] = bf.set_topology(topology_util.RingGraph(n))
+    results["not_a_graph"] = _error(bf.set_topology, "ring") if r == 0 else bf.set_topology(
+        topology_util.RingGraph(n))
+    results["after_set"] = bf.neighbor_allreduce(x)
+    _save(results)
+
+
+def scenario_unchecked_mismatch(_):
+    """Mismatched pattern with the check off: the ranks involved fail within
+    the timeout (BAGUA_COMM_TIMEOUT_S), never hang; the others return."""
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    x = _x()
+    # Rank 0 also expects a message from rank 2, which sends none.
+    src = {(r - 1) % n: 0.5} if r != 0 else {n - 1: 0.25, 2: 0.25}
+    start = time.monotonic()
+    error = _error(bf.neighbor_allreduce, x, self_weight=0.5, src_weights=src,
+                   dst_weights=[(r + 1) % n], enable_topo_check=False)
+    _save({"error": error, "seconds": time.monotonic() - start})
+    # Stay connected past the timeout, so rank 0 waits for a message that
+    # never comes rather than seeing its peers' connections close.
+    time.sleep(float(os.environ["BAGUA_COMM_TIMEOUT_S"]) + 4)
+    os._exit(0)  # this rank's neighbour communicator is out of step now: skip the exit handlers
+
+
+if __name__ == "__main__":
+    globals()[f"scenario_{sys.argv[1]}"](sys.argv[2], *sys.argv[3:])
