@@ -160,6 +160,43 @@ def scenario_collectives(_):
     _save(results)
 
 
+def scenario_gossip(_):
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    partner = r ^ 1
+    results = {"partner": partner if partner < n else None}
+    if partner < n:
+        results["average"] = bf.pair_gossip(_x(), partner)
+        results["weighted"] = bf.pair_gossip(_x(), partner, self_weight=0.25, pair_weight=0.75)
+    else:  # odd world: the last rank sits out, but the calls are collective
+        for _ in range(2):
+            results["alone"] = bf.neighbor_allreduce(_x(), self_weight=1.0, src_weights={},
+                                                     dst_weights=[])
+    results["half_args"] = _error(bf.pair_gossip, _x(), partner, self_weight=0.5)
+    _save(results)
+
+
+def scenario_hierarchical(_):
+    bf.init()
+    local, m, machines = bf.local_size(), bf.machine_rank(), bf.machine_size()
+    # Machine m's average of these is exactly m (up to rounding).
+    x = torch.full((3,), (bf.rank() - (local - 1) / 2) / local, dtype=torch.float64)
+    results = {"no_machine_topology": _error(bf.hierarchical_neighbor_allreduce, x)}
+    assert bf.set_machine_topology(topology_util.RingGraph(machines))
+    results["in_machines"] = bf.in_neighbor_machine_ranks()
+    results["default"] = bf.hierarchical_neighbor_allreduce(x)
+    results["move"] = bf.hierarchical_neighbor_allreduce(
+        x, self_weight=0.0, src_machine_weights={(m + 1) % machines: 0.5},
+        dst_machine_weights={(m - 1) % machines: 2.0})
+    results["not_a_neighbour"] = _error(bf.hierarchical_neighbor_allreduce, x, self_weight=0.5,
+                                        src_machine_weights={m: 0.5}, dst_machine_weights=[])
+    assert bf.set_machine_topology(topology_util.StarGraph(machines, machines - 1),
+                                   is_weighted=True)
+    results["star"] = bf.hierarchical_neighbor_allreduce(x)
+    results["x_untouched"] = bool((x == (bf.rank() - (local - 1) / 2) / local).all())
+    _save(results)
+
+
 def scenario_mismatch(_):
     """Mismatched patterns with the check on: ValueError on every rank,
     nothing sent, and the next calls still work."""

@@ -158,6 +158,42 @@ def test_collectives_handles_and_broadcasts(n, tmp_path):
         assert got["infer_dst"] == sorted({(r + 2 ** j) % n for j in range(n) if 2 ** j < n} - {r})
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_pair_gossip(n, tmp_path):
+    results = run("gossip", n, tmp_path)
+    for r, got in enumerate(results):
+        assert got["half_args"] is not None and got["half_args"][1]
+        p = got["partner"]
+        if p is None:
+            assert n % 2 == 1 and r == n - 1
+            assert torch.equal(got["alone"], full(r))
+            continue
+        assert torch.equal(got["average"], full((r + p) / 2))
+        assert torch.equal(got["weighted"], full(0.25 * r + 0.75 * p))
+
+
+@pytest.mark.parametrize("n,local", [(4, 2), (6, 2), (6, 3), (3, 1)])
+def test_hierarchical_neighbor_allreduce(n, local, tmp_path):
+    results = run("hierarchical", n, tmp_path, extra_env={"BLUEFOG_NODES_PER_MACHINE": str(local)})
+    machines = n // local
+    w = tu.nx.to_numpy_array(tu.StarGraph(machines, machines - 1), nodelist=range(machines))
+    for r, got in enumerate(results):
+        m = r // local
+        assert got["no_machine_topology"][0] == "RuntimeError"
+        ins = ring_in(machines, m) if machines > 1 else []
+        assert got["in_machines"] == ins
+        expected = (m + sum(ins)) / (len(ins) + 1)
+        assert torch.allclose(got["default"], torch.full((3,), expected, dtype=torch.float64),
+                              rtol=1e-12, atol=1e-12), f"rank {r}"
+        if machines > 1:
+            assert torch.allclose(got["move"], torch.full((3,), float((m + 1) % machines),
+                                                          dtype=torch.float64), atol=1e-12)
+        assert got["not_a_neighbour"][1]
+        star = sum(w[k, m] * k for k in range(machines))
+        assert torch.allclose(got["star"], torch.full((3,), star, dtype=torch.float64), atol=1e-12)
+        assert got["x_untouched"]
+
+
 def test_queries_with_simulated_machines(tmp_path):
     results = run("queries", 4, tmp_path, extra_env={"BLUEFOG_NODES_PER_MACHINE": "2"})
     for r, got in enumerate(results):

@@ -25,11 +25,17 @@ from bagua.bluefog._collectives import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from bagua.bluefog._hierarchical import (
+    hierarchical_neighbor_allreduce,
+    hierarchical_neighbor_allreduce_nonblocking,
+)
 from bagua.bluefog._ops import (
     neighbor_allgather,
     neighbor_allgather_nonblocking,
     neighbor_allreduce,
     neighbor_allreduce_nonblocking,
+    pair_gossip,
+    pair_gossip_nonblocking,
     poll,
     synchronize,
     wait,

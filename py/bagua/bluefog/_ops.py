@@ -96,36 +96,50 @@ def _check_weights(what: str, weights) -> Dict[int, float]:
     return out
 
 
-def _neighbor_options(self_weight, src_weights, dst_weights, enable_topo_check, name):
-    """The C++ options of one call, per the table of design section 7."""
+class _Graph:
+    """The static pattern a call falls back on: this node's in-/out-neighbours
+    and the weights of a weighted topology (None when unweighted)."""
+
+    def __init__(self, op: str, me: int, topology, is_weighted: bool, what: str = "rank"):
+        self.op, self.me, self.what = op, me, what
+        self.ins = sorted(r for r in topology.predecessors(me) if r != me)
+        self.outs = sorted(r for r in topology.successors(me) if r != me)
+        self.topology = topology if is_weighted else None
+
+
+def _rank_graph(op: str) -> _Graph:
     st = state()
+    return _Graph(op, _state.rank(), st.topology, st.is_weighted)
+
+
+def _neighbor_options(graph: _Graph, self_weight, src_weights, dst_weights, enable_topo_check,
+                      name, src_arg="src_weights", dst_arg="dst_weights"):
+    """The C++ options of one call, per the table of design section 7."""
+    op = graph.op
     if (self_weight is None) != (src_weights is None):
-        raise ValueError("neighbor_allreduce: give both self_weight and src_weights, or neither")
+        raise ValueError(f"{op}: give both self_weight and {src_arg}, or neither")
     if dst_weights is not None and self_weight is None:
-        raise ValueError("neighbor_allreduce: dst_weights needs self_weight and src_weights too")
-    check = bool(enable_topo_check)
-    ins, outs = _state.in_neighbor_ranks(), _state.out_neighbor_ranks()
-    kw = dict(check_pattern=check, name=name or "")
+        raise ValueError(f"{op}: {dst_arg} needs self_weight and {src_arg} too")
+    kw = dict(check_pattern=bool(enable_topo_check), name=name or "")
+    to_outs = [(r, 1.0) for r in graph.outs]
     if self_weight is None:
-        if st.is_weighted:
-            self_weight, src_weights = topology_util.GetRecvWeights(st.topology, _state.rank())
+        if graph.topology is not None:
+            self_weight, weights = topology_util.GetRecvWeights(graph.topology, graph.me)
             return core.NeighborAllreduceOptions(
-                self_weight=self_weight, sources=sorted(src_weights.items()),
-                destinations=[(r, 1.0) for r in outs], **kw)
+                self_weight=self_weight, sources=sorted(weights.items()), destinations=to_outs, **kw)
         return core.NeighborAllreduceOptions(
-            sources=[(r, 1.0) for r in ins], destinations=[(r, 1.0) for r in outs], **kw)
-    sources = _check_weights("src_weights", src_weights)
+            sources=[(r, 1.0) for r in graph.ins], destinations=to_outs, **kw)
+    sources = _check_weights(src_arg, src_weights)
     if dst_weights is None:
-        unknown = sorted(set(sources) - set(ins))
+        unknown = sorted(set(sources) - set(graph.ins))
         if unknown:
-            raise ValueError(f"neighbor_allreduce: src_weights names {unknown}, not in-neighbours "
-                             f"of rank {_state.rank()} ({ins}); pass dst_weights too for a "
+            raise ValueError(f"{op}: {src_arg} names {unknown}, not in-neighbours of "
+                             f"{graph.what} {graph.me} ({graph.ins}); pass {dst_arg} too for a "
                              "dynamic pattern")
         return core.NeighborAllreduceOptions(
             self_weight=float(self_weight), sources=sorted(sources.items()),
-            ignored_sources=[r for r in ins if r not in sources],
-            destinations=[(r, 1.0) for r in outs], **kw)
-    destinations = _check_weights("dst_weights", dst_weights)
+            ignored_sources=[r for r in graph.ins if r not in sources], destinations=to_outs, **kw)
+    destinations = _check_weights(dst_arg, dst_weights)
     return core.NeighborAllreduceOptions(
         self_weight=float(self_weight), sources=sorted(sources.items()),
         destinations=sorted(destinations.items()), **kw)
@@ -149,7 +163,8 @@ def neighbor_allreduce_nonblocking(tensor: torch.Tensor, *, self_weight: Optiona
     _reject_renamed("neighbor_allreduce", kwargs)
     if state().skip_negotiate and enable_topo_check is True and dst_weights is None:
         enable_topo_check = False  # static calls on an agreed topology
-    options = _neighbor_options(self_weight, src_weights, dst_weights, enable_topo_check, name)
+    options = _neighbor_options(_rank_graph("neighbor_allreduce"), self_weight, src_weights,
+                                dst_weights, enable_topo_check, name)
     x = _host(tensor)
     out = torch.empty_like(x)
 
@@ -222,3 +237,23 @@ def neighbor_allgather(tensor: torch.Tensor, *, src_ranks=None, dst_ranks=None,
     return _blocking(neighbor_allgather_nonblocking(
         tensor, src_ranks=src_ranks, dst_ranks=dst_ranks, enable_topo_check=enable_topo_check,
         name=name))
+
+
+# -- pair_gossip ----------------------------------------------------------------------
+def pair_gossip_nonblocking(tensor: torch.Tensor, target_rank: int,
+                            self_weight: Optional[float] = None,
+                            pair_weight: Optional[float] = None, name: Optional[str] = None) -> int:
+    """self_weight * x + pair_weight * x_target (default: the average); both
+    partners call it naming each other."""
+    if (self_weight is None) != (pair_weight is None):
+        raise ValueError("pair_gossip: give both self_weight and pair_weight, or neither")
+    if self_weight is None:
+        self_weight = pair_weight = 0.5
+    return neighbor_allreduce_nonblocking(
+        tensor, self_weight=self_weight, src_weights={int(target_rank): float(pair_weight)},
+        dst_weights=[int(target_rank)], name=name)
+
+
+def pair_gossip(tensor: torch.Tensor, target_rank: int, self_weight: Optional[float] = None,
+                pair_weight: Optional[float] = None, name: Optional[str] = None) -> torch.Tensor:
+    return _blocking(pair_gossip_nonblocking(tensor, target_rank, self_weight, pair_weight, name))

@@ -33,6 +33,11 @@ class _State:
         self.neighbor_allgather = core.NeighborAllgather(self.comm)
         self.local_size = _local_size_from_env(self.comm.size)
         self.local_comm = self._machine_communicator()
+        # Local rank 0 of every machine: the ranks of the machine-level step
+        # of hierarchical_neighbor_allreduce (None on the other ranks).
+        self.leader_comm = self.comm.new_group(list(range(0, self.comm.size, self.local_size)))
+        self.leader_neighbor_allreduce = (core.NeighborAllreduce(self.leader_comm)
+                                          if self.leader_comm is not None else None)
         self.homogeneous = self.comm.size % self.local_size == 0
         self.topology: Optional[nx.DiGraph] = None
         self.is_weighted = False
