@@ -197,6 +197,24 @@ def scenario_hierarchical(_):
     _save(results)
 
 
+def scenario_consensus(_):
+    """docs/bluefog.md's two loops, as written there."""
+    bf.init()
+    bf.set_topology(topology_util.ExponentialGraph(bf.size()))
+    x = torch.Tensor([bf.rank()])
+    for _ in range(100):
+        x = bf.neighbor_allreduce(x)
+    static = x
+    x = torch.Tensor([bf.rank()])
+    gen = topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), bf.rank())
+    for _ in range(100):
+        send, recv = next(gen)
+        w = 1.0 / (len(recv) + 1)
+        x = bf.neighbor_allreduce(x, self_weight=w, src_weights={r: w for r in recv},
+                                  dst_weights=send)
+    _save({"static": static, "dynamic": x})
+
+
 def scenario_mismatch(_):
     """Mismatched patterns with the check on: ValueError on every rank,
     nothing sent, and the next calls still work."""

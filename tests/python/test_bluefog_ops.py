@@ -194,6 +194,13 @@ def test_hierarchical_neighbor_allreduce(n, local, tmp_path):
         assert got["x_untouched"]
 
 
+@pytest.mark.parametrize("n", [4, 5])
+def test_documented_consensus_loops_reach_the_average(n, tmp_path):
+    for got in run("consensus", n, tmp_path):
+        for key in ("static", "dynamic"):
+            assert got[key].item() == pytest.approx((n - 1) / 2, abs=1e-5), key
+
+
 def test_queries_with_simulated_machines(tmp_path):
     results = run("queries", 4, tmp_path, extra_env={"BLUEFOG_NODES_PER_MACHINE": "2"})
     for r, got in enumerate(results):
