@@ -124,6 +124,11 @@ def scenario_allgather(_):
         results["src"] = src
         results["dynamic"] = bf.neighbor_allgather(rows, src_ranks=src, dst_ranks=src)
     results["allgather"] = bf.allgather(rows)
+    # dtypes the engine does not compute in are moved as bytes.
+    small = torch.full((r + 1, 3), r - 2, dtype=torch.int8)
+    results["int8_neighbors"] = bf.neighbor_allgather(small)
+    results["int16_allgather"] = bf.allgather(torch.full((2,), 300 * r, dtype=torch.int16))
+    results["bool_bcast"] = bf.broadcast(torch.tensor([[r % 2 == 0, True]]), root_rank=n - 1)
     _save(results)
 
 

@@ -122,6 +122,12 @@ def test_neighbor_allgather(n, tmp_path):
         if n > 1:
             assert torch.equal(got["dynamic"], torch.cat([rows[j] for j in got["src"]]))
         assert torch.equal(got["allgather"], torch.cat(rows))
+        small = [torch.full((j + 1, 3), j - 2, dtype=torch.int8) for j in ins]
+        assert torch.equal(got["int8_neighbors"],
+                           torch.cat(small) if small else torch.empty(0, 3, dtype=torch.int8))
+        assert torch.equal(got["int16_allgather"],
+                           torch.cat([torch.full((2,), 300 * j, dtype=torch.int16) for j in range(n)]))
+        assert torch.equal(got["bool_bcast"], torch.tensor([[(n - 1) % 2 == 0, True]]))
 
 
 @pytest.mark.parametrize("n", [1, 3, 4])

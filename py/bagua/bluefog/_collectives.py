@@ -66,11 +66,11 @@ def _inplace(tensor: torch.Tensor, handle: int) -> int:
 
 def broadcast_nonblocking(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> int:
     """``tensor`` of rank ``root_rank`` on every rank."""
-    x = _ops._host(tensor).clone()
+    x = _ops._as_movable(_ops._host(tensor).clone())
 
     def run():
         comm_api.broadcast(x, root_rank, comm=state().comm)
-        return x.to(tensor.device)
+        return _ops._from_movable(x, tensor).to(tensor.device).view(tensor.shape)
     return _ops._submit(run)
 
 
@@ -105,8 +105,8 @@ def _allgather(x: torch.Tensor) -> torch.Tensor:
 
 
 def allgather_nonblocking(tensor: torch.Tensor, name: Optional[str] = None) -> int:
-    x = _ops._host(tensor)
-    return _ops._submit(lambda: _allgather(x).to(tensor.device))
+    x = _ops._as_movable(_ops._host(tensor))
+    return _ops._submit(lambda: _ops._from_movable(_allgather(x), tensor).to(tensor.device))
 
 
 def allgather(tensor, name=None) -> torch.Tensor:

@@ -76,6 +76,31 @@ def _host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous()
 
 
+_MOVABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64,
+            torch.uint8)
+
+
+def _as_movable(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself where the engine has its dtype; else its bytes, one row
+    per row of ``x`` (int8, int16, bool...: ops that only move data need no
+    arithmetic on them). :func:`_from_movable` undoes it."""
+    if x.dtype in _MOVABLE:
+        return x
+    rows = x.shape[0] if x.dim() > 0 else 1
+    row = 1
+    for d in x.shape[1:]:
+        row *= d
+    return x.contiguous().reshape(rows, row).view(torch.uint8)
+
+
+def _from_movable(moved: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Rows of ``moved`` (from :func:`_as_movable`) as ``like``'s dtype and
+    trailing shape."""
+    if like.dtype in _MOVABLE:
+        return moved
+    return moved.view(like.dtype).reshape((-1,) + tuple(like.shape[1:]))
+
+
 def _view(tensor: torch.Tensor):
     return tensor_view(tensor, allow_cuda=True)
 
@@ -205,14 +230,14 @@ def neighbor_allgather_nonblocking(tensor: torch.Tensor, *, src_ranks=None, dst_
     options = core.NeighborAllgatherOptions(
         sources=_rank_list("src_ranks", src_ranks), destinations=_rank_list("dst_ranks", dst_ranks),
         check_pattern=bool(enable_topo_check), name=name or "")
-    x = _host(tensor)
+    x = _as_movable(_host(tensor))
 
     def run():
         op = state().neighbor_allgather
         plan = op.plan(dtype_name(x.dtype), x.numel(), options)
         out = _gathered_output(x, plan.counts)
         op.run(plan, _view(x), _view(out))
-        return out.to(tensor.device)
+        return _from_movable(out, tensor).to(tensor.device)
     return _submit(run)
 
 
