@@ -101,7 +101,7 @@ def scenario_weighted(_):
 
 def scenario_dynamic(_):
     bf.init()
-    n, r = bf.size(), bf.rank()
+    r = bf.rank()
     gen = topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), r)
     x, steps = _x(), []
     for _step in range(4):

@@ -192,7 +192,6 @@ def schedules(make, n, steps):
 
 def assert_consistent(table):
     for step, row in enumerate(table):
-        n = len(row)
         for r, (send, recv) in enumerate(row):
             assert r not in send and r not in recv, f"step {step} rank {r} names itself"
             for s in send:

@@ -9,16 +9,18 @@ and with ``enable_topo_check`` (the default) a mismatched send/receive
 pattern raises ValueError on every rank before anything is sent.
 
 Tensors travel through host memory where the communicator cannot reach
-theirs; the input is never modified except by the ``_`` forms.
+theirs; the input is never modified except by the ``_`` forms. A
+nonblocking call may read its input until it is synchronized (as in
+BlueFog): do not modify it in place before then.
 """
 
+import concurrent.futures
 from typing import Dict, List, Optional, Union
 
 import torch
 
 from bagua.bluefog import _state, topology_util
 from bagua.bluefog._state import state
-from bagua.torch_api import communication as comm_api
 from bagua.torch_api._core import core, dtype_name, tensor_view
 
 
@@ -47,13 +49,16 @@ def poll(handle: int) -> bool:
 
 def synchronize(handle: int):
     """Waits for the call of ``handle`` and returns its output; its error, if
-    it failed, is raised here. The ops bound their own waits by
-    BAGUA_COMM_TIMEOUT_S; the margin here only covers queued calls."""
+    it failed, is raised here. Each op bounds its own waits by
+    BAGUA_COMM_TIMEOUT_S; this wait is only a backstop, allowing every call
+    queued before this one its timeout too."""
     future = _future(handle)
-    timeout = core.env().comm_timeout_s
+    limit = core.env().comm_timeout_s * (1 + len(state().handles)) + 60
     try:
-        # Calls queued before this one may each take up to the timeout.
-        return future.result(timeout=timeout * (1 + len(state().handles)) + 60)
+        return future.result(timeout=limit)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"bluefog: rank {_state.rank()}: handle {handle} did not finish within "
+                           f"{limit:.0f} s") from None
     finally:
         del state().handles[handle]
 
