@@ -220,6 +220,121 @@ def scenario_consensus(_):
     _save({"static": static, "dynamic": x})
 
 
+def _linear_problem():
+    """BlueFog's optimizer test problem: Y = X A + E, A fixed (16 x 3),
+    E ~ N(0, 1e-5^2), 1024 training and 128 test samples per rank."""
+    import numpy as np
+    a = np.random.default_rng(0).standard_normal((16, 3))
+    rng = np.random.default_rng(1000 + bf.rank())
+
+    def samples(count):
+        x = rng.standard_normal((count, 16))
+        y = x @ a + rng.standard_normal((count, 3)) * 1e-5
+        return torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+    return samples(1024), samples(128)
+
+
+def _mse(model, data):
+    x, y = data
+    model.eval()
+    with torch.no_grad():
+        loss = torch.nn.functional.mse_loss(model(x), y)
+    model.train()
+    return bf.allreduce(loss).item()
+
+
+def _train(kind, comm, mini_batch):
+    """Last three epochs' train and test MSE of one optimizer configuration."""
+    train, test = _linear_problem()
+    torch.manual_seed(bf.rank())  # different starts: broadcast_parameters must align them
+    model = torch.nn.Linear(16, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * bf.size())
+    bf.broadcast_parameters(model.state_dict(), root_rank=0)
+    bf.broadcast_optimizer_state(opt, root_rank=0)
+    steps = 128 // mini_batch
+    if kind == "gradient":
+        opt = bf.DistributedGradientAllreduceOptimizer(opt, model=model,
+                                                       num_steps_per_communication=steps)
+    else:
+        wrap = (bf.DistributedAdaptThenCombineOptimizer if kind == "atc"
+                else bf.DistributedAdaptWithCombineOptimizer)
+        kind_of = bf.CommunicationType.neighbor_allreduce if comm == "dynamic" else \
+            bf.CommunicationType[comm]
+        opt = wrap(opt, model=model, communication_type=kind_of, num_steps_per_communication=steps)
+    assert isinstance(opt, torch.optim.Adam)
+    gen = topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), bf.rank())
+    history = []
+    for _epoch in range(50):
+        for start in range(0, 1024, 128):
+            if comm == "dynamic":
+                send, recv = next(gen)
+                opt.dst_weights = send
+                opt.src_weights = {r: 1 / (len(recv) + 1) for r in recv}
+                opt.self_weight = 1 / (len(recv) + 1)
+            opt.zero_grad()
+            for i in range(start, start + 128, mini_batch):
+                loss = torch.nn.functional.mse_loss(model(train[0][i:i + mini_batch]),
+                                                    train[1][i:i + mini_batch])
+                (loss / steps).backward()
+            opt.step()
+        history.append((_mse(model, train), _mse(model, test)))
+    return history[-3:]
+
+
+def scenario_optimizers(_, *configs):
+    """configs: KIND:COMM:MINI_BATCH, e.g. awc:neighbor_allreduce:128."""
+    bf.init()
+    results = {}
+    for config in configs:
+        kind, comm, mini = config.split(":")
+        results[config] = _train(kind, comm, int(mini))
+    _save(results)
+
+
+def scenario_optimizer_formulas(_):
+    """One step of each optimizer with SGD (lr 0.1) from x_r = r on a loss
+    whose gradient is c_r = r + 1 everywhere."""
+    import warnings
+    bf.init()
+    r = bf.rank()
+    results = {}
+    for kind in ("awc", "atc", "gradient", "awc_allreduce"):
+        model = torch.nn.Linear(2, 1, bias=False).double()
+        with torch.no_grad():
+            model.weight.fill_(float(r))
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        if kind == "gradient":
+            opt = bf.DistributedGradientAllreduceOptimizer(sgd, model=model)
+        elif kind == "awc_allreduce":
+            opt = bf.DistributedAdaptWithCombineOptimizer(
+                sgd, model=model, communication_type=bf.CommunicationType.allreduce)
+        else:
+            wrap = (bf.DistributedAdaptThenCombineOptimizer if kind == "atc"
+                    else bf.DistributedAdaptWithCombineOptimizer)
+            opt = wrap(sgd, model=model)
+        opt.zero_grad()
+        # d/dw of sum(w) * (r + 1), through a forward pass of the model.
+        (model(torch.ones(1, 2, dtype=torch.float64)).sum() * (r + 1)).backward()
+        opt.step()
+        results[kind] = model.weight.detach().clone()
+        results[kind + ".is_sgd"] = isinstance(opt, torch.optim.SGD)
+        opt.unregister_hooks()
+    # Two passes for num_steps_per_communication=1: BlueFog's warning.
+    model = torch.nn.Linear(2, 1)
+    opt = bf.DistributedAdaptWithCombineOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                  model=model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model(torch.ones(1, 2))
+        model(torch.ones(1, 2))
+    results["warned"] = any("Unexpected behavior" in str(w.message) for w in caught)
+    opt.step()
+    results["bad_model"] = _error(bf.DistributedAdaptWithCombineOptimizer,
+                                  torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model=torch.nn.Linear(2, 1))
+    _save(results)
+
+
 def scenario_mismatch(_):
     """Mismatched patterns with the check on: ValueError on every rank,
     nothing sent, and the next calls still work."""

@@ -207,6 +207,46 @@ def test_documented_consensus_loops_reach_the_average(n, tmp_path):
             assert got[key].item() == pytest.approx((n - 1) / 2, abs=1e-5), key
 
 
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_optimizer_formulas(n, tmp_path):
+    results = run("optimizer_formulas", n, tmp_path)
+    lr = 0.1
+
+    def neighbour_average(values, r):
+        ins = exp_in(n, r)
+        return (values[r] + sum(values[j] for j in ins)) / (len(ins) + 1)
+    x0 = [float(r) for r in range(n)]
+    step = [x - lr * (r + 1) for r, x in enumerate(x0)]
+    mean_grad = sum(r + 1 for r in range(n)) / n
+    for r, got in enumerate(results):
+        expected = {"awc": neighbour_average(x0, r) - lr * (r + 1),  # W x - lr g(x)
+                    "atc": neighbour_average(step, r),               # W (x - lr g(x))
+                    "gradient": x0[r] - lr * mean_grad,
+                    "awc_allreduce": sum(x0) / n - lr * (r + 1)}
+        for kind, value in expected.items():
+            assert torch.allclose(got[kind], torch.full((1, 2), value, dtype=torch.float64),
+                                  rtol=1e-12, atol=1e-12), f"{kind} rank {r}"
+            assert got[kind + ".is_sgd"]
+        assert got["warned"]
+        assert got["bad_model"] is not None and got["bad_model"][1]
+
+
+CONVERGENCE = ["awc:empty:128", "atc:empty:128", "awc:allreduce:128", "atc:allreduce:128",
+               "awc:neighbor_allreduce:128", "atc:neighbor_allreduce:128", "gradient:-:128",
+               "awc:dynamic:128", "atc:dynamic:128", "awc:neighbor_allreduce:4",
+               "awc:neighbor_allreduce:8", "atc:neighbor_allreduce:32", "gradient:-:32"]
+
+
+def test_optimizers_reach_bluefogs_mse(tmp_path):
+    """BlueFog's own optimizer test: the train and test MSE of the last three
+    of 50 epochs below 1.5e-10 (2e-10 without communication), noise 1e-5."""
+    results = run("optimizers", 4, tmp_path, args=CONVERGENCE, timeout=900)
+    for config in CONVERGENCE:
+        limit = 2e-10 if ":empty:" in config else 1.5e-10
+        for train, test in results[0][config]:
+            assert train < limit and test < limit, f"{config}: {results[0][config]}"
+
+
 def test_queries_with_simulated_machines(tmp_path):
     results = run("queries", 4, tmp_path, extra_env={"BLUEFOG_NODES_PER_MACHINE": "2"})
     for r, got in enumerate(results):

@@ -69,6 +69,12 @@ from bagua.bluefog._state import (
     suspend,
     unified_mpi_window_model_supported,
 )
+from bagua.bluefog.optimizers import (
+    CommunicationType,
+    DistributedAdaptThenCombineOptimizer,
+    DistributedAdaptWithCombineOptimizer,
+    DistributedGradientAllreduceOptimizer,
+)
 from bagua.bluefog.topology_util import (
     ExponentialGraph,
     ExponentialTwoGraph,
