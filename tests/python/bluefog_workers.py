@@ -234,6 +234,21 @@ def _linear_problem():
     return samples(1024), samples(128)
 
 
+def pytest_warns(category):
+    """Asserts that the block warns with ``category`` (pytest is not imported
+    by the workers)."""
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def check():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+        assert any(issubclass(w.category, category) for w in caught), caught
+    return check()
+
+
 def _mse(model, data):
     x, y = data
     model.eval()
@@ -255,12 +270,19 @@ def _train(kind, comm, mini_batch):
     if kind == "gradient":
         opt = bf.DistributedGradientAllreduceOptimizer(opt, model=model,
                                                        num_steps_per_communication=steps)
+    elif kind == "deprecated":
+        assert comm == "hierarchical_neighbor_allreduce"
+        with pytest_warns(PendingDeprecationWarning):
+            opt = bf.DistributedHierarchicalNeighborAllreduceOptimizer(
+                opt, model=model, num_steps_per_communication=steps)
     else:
         wrap = (bf.DistributedAdaptThenCombineOptimizer if kind == "atc"
                 else bf.DistributedAdaptWithCombineOptimizer)
         kind_of = bf.CommunicationType.neighbor_allreduce if comm == "dynamic" else \
             bf.CommunicationType[comm]
         opt = wrap(opt, model=model, communication_type=kind_of, num_steps_per_communication=steps)
+    if comm == "hierarchical_neighbor_allreduce":
+        bf.set_machine_topology(topology_util.RingGraph(bf.machine_size()))
     assert isinstance(opt, torch.optim.Adam)
     gen = topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), bf.rank())
     history = []

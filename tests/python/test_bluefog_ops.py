@@ -247,6 +247,19 @@ def test_optimizers_reach_bluefogs_mse(tmp_path):
             assert train < limit and test < limit, f"{config}: {results[0][config]}"
 
 
+HIERARCHICAL = ["awc:hierarchical_neighbor_allreduce:128", "atc:hierarchical_neighbor_allreduce:128",
+                "deprecated:hierarchical_neighbor_allreduce:128"]
+
+
+def test_hierarchical_optimizers_reach_bluefogs_mse(tmp_path):
+    """As above on 3 machines of 2 ranks, the ring between machines."""
+    results = run("optimizers", 6, tmp_path, args=HIERARCHICAL, timeout=900,
+                  extra_env={"BLUEFOG_NODES_PER_MACHINE": "2"})
+    for config in HIERARCHICAL:
+        for train, test in results[0][config]:
+            assert train < 1.5e-10 and test < 1.5e-10, f"{config}: {results[0][config]}"
+
+
 def test_queries_with_simulated_machines(tmp_path):
     results = run("queries", 4, tmp_path, extra_env={"BLUEFOG_NODES_PER_MACHINE": "2"})
     for r, got in enumerate(results):

@@ -73,7 +73,10 @@ from bagua.bluefog.optimizers import (
     CommunicationType,
     DistributedAdaptThenCombineOptimizer,
     DistributedAdaptWithCombineOptimizer,
+    DistributedAllreduceOptimizer,
     DistributedGradientAllreduceOptimizer,
+    DistributedHierarchicalNeighborAllreduceOptimizer,
+    DistributedNeighborAllreduceOptimizer,
 )
 from bagua.bluefog.topology_util import (
     ExponentialGraph,

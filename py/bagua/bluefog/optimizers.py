@@ -34,7 +34,9 @@ import torch
 from bagua.bluefog import _collectives, _hierarchical, _ops
 
 __all__ = ["CommunicationType", "DistributedAdaptWithCombineOptimizer",
-           "DistributedAdaptThenCombineOptimizer", "DistributedGradientAllreduceOptimizer"]
+           "DistributedAdaptThenCombineOptimizer", "DistributedGradientAllreduceOptimizer",
+           "DistributedAllreduceOptimizer", "DistributedNeighborAllreduceOptimizer",
+           "DistributedHierarchicalNeighborAllreduceOptimizer"]
 
 
 class CommunicationType(Enum):
@@ -270,3 +272,25 @@ def DistributedGradientAllreduceOptimizer(
         num_steps_per_communication: int = 1):
     """The gradients averaged over all ranks before each update."""
     return _wrap(_GradientAllreduce, optimizer, model, num_steps_per_communication)
+
+
+def _deprecated(old: str, kind: CommunicationType):
+    def make(optimizer, model, num_steps_per_communication: int = 1):
+        warnings.warn(f"{old} is deprecated; use DistributedAdaptWithCombineOptimizer with "
+                      f"communication_type=CommunicationType.{kind.name}",
+                      PendingDeprecationWarning, stacklevel=2)
+        return DistributedAdaptWithCombineOptimizer(optimizer, model, kind,
+                                                    num_steps_per_communication)
+    make.__name__ = make.__qualname__ = old
+    make.__doc__ = f"Deprecated: AWC with CommunicationType.{kind.name}."
+    return make
+
+
+# BlueFog's older names, AWC with a fixed communication type.
+DistributedAllreduceOptimizer = _deprecated("DistributedAllreduceOptimizer",
+                                            CommunicationType.allreduce)
+DistributedNeighborAllreduceOptimizer = _deprecated("DistributedNeighborAllreduceOptimizer",
+                                                    CommunicationType.neighbor_allreduce)
+DistributedHierarchicalNeighborAllreduceOptimizer = _deprecated(
+    "DistributedHierarchicalNeighborAllreduceOptimizer",
+    CommunicationType.hierarchical_neighbor_allreduce)
