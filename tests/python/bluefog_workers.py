@@ -357,6 +357,38 @@ def scenario_optimizer_formulas(_):
     _save(results)
 
 
+def _in_flight_call(k, x, n, r, ins, outs):
+    """The k-th of the calls kept in flight: static, partial, dynamic "move",
+    push-pull with dst weights, or an allgather, in turn."""
+    y = x * (k + 1)
+    kind = k % 5
+    if kind == 0:
+        return bf.neighbor_allreduce_nonblocking(y, name=f"c{k}")
+    if kind == 1:
+        return bf.neighbor_allreduce_nonblocking(y, self_weight=0.25,
+                                                 src_weights={j: 0.75 for j in ins[:1]})
+    if kind == 2:
+        return bf.neighbor_allreduce_nonblocking(y, self_weight=0.0,
+                                                 src_weights={(r - 1) % n: 1.0},
+                                                 dst_weights=[(r + 1) % n])
+    if kind == 3:
+        return bf.neighbor_allreduce_nonblocking(y, self_weight=0.5,
+                                                 src_weights={j: 1.0 for j in ins},
+                                                 dst_weights={j: 0.5 for j in outs})
+    return bf.neighbor_allgather_nonblocking(y)
+
+
+def scenario_in_flight(_):
+    """50 nonblocking calls in flight at once, synchronized in reverse."""
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    ins, outs = bf.in_neighbor_ranks(), bf.out_neighbor_ranks()
+    x = _x()
+    handles = [_in_flight_call(k, x, n, r, ins, outs) for k in range(50)]
+    results = {k: bf.synchronize(handles[k]) for k in reversed(range(50))}
+    _save({"results": results})
+
+
 def scenario_mismatch(_):
     """Mismatched patterns with the check on: ValueError on every rank,
     nothing sent, and the next calls still work."""

@@ -59,6 +59,21 @@ def test_static_neighbor_allreduce(n, tmp_path):
             assert torch.equal(got["move"], full((r - 1) % n))
 
 
+@pytest.mark.parametrize("n", [2, 5])
+def test_fifty_calls_in_flight_each_get_their_own_result(n, tmp_path):
+    results = run("in_flight", n, tmp_path)
+    for r, got in enumerate(results):
+        ins = exp_in(n, r)
+        for k in range(50):
+            s = k + 1  # call k sends x * (k + 1)
+            expected = {0: full((r + sum(ins)) / (len(ins) + 1) * s),
+                        1: full(0.25 * r * s + 0.75 * ins[0] * s),
+                        2: full(((r - 1) % n) * s),
+                        3: full((r + sum(ins)) / 2 * s),
+                        4: torch.cat([full(j * s) for j in ins])}[k % 5]
+            assert torch.allclose(got["results"][k], expected, rtol=1e-12), f"rank {r} call {k}"
+
+
 def transposed_product(w, xs):
     """out_i = sum_u W[u, i] x_u."""
     return [sum(w[u, i] * xs[u] for u in range(len(xs))) for i in range(len(xs))]
