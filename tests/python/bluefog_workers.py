@@ -389,6 +389,24 @@ def scenario_in_flight(_):
     _save({"results": results})
 
 
+def scenario_timeline(_):
+    import json
+    from bagua.bluefog import _timeline
+    bf.init()
+    x = _x()
+    results = {"started": bf.timeline_start_activity("x", "COMPUTE"),
+               "started_twice": bf.timeline_start_activity("x", "COMPUTE")}
+    results["ended"] = bf.timeline_end_activity("x")
+    results["ended_twice"] = bf.timeline_end_activity("x")
+    with bf.timeline_context("y", "UPDATE"):
+        bf.neighbor_allreduce(x, name="w")
+    bf.allreduce(x, name="a")
+    path = _timeline.write()
+    results["names"] = sorted(e["name"] for e in json.loads(path.read_text())["traceEvents"]
+                              if e.get("cat") == "bluefog") if path else None
+    _save(results)
+
+
 def scenario_mismatch(_):
     """Mismatched patterns with the check on: ValueError on every rank,
     nothing sent, and the next calls still work."""

@@ -275,6 +275,20 @@ def test_hierarchical_optimizers_reach_bluefogs_mse(tmp_path):
             assert train < 1.5e-10 and test < 1.5e-10, f"{config}: {results[0][config]}"
 
 
+def test_timeline(tmp_path):
+    results = run("timeline", 2, tmp_path / "on",
+                  extra_env={"BLUEFOG_TIMELINE": str(tmp_path / "trace" / "bf_")})
+    for r, got in enumerate(results):
+        assert (tmp_path / "trace" / f"bf_{r}.json").exists()
+        assert got["started"] and not got["started_twice"]
+        assert got["ended"] and not got["ended_twice"]
+        # ALLGATHER: bf.init's topology agreement.
+        assert got["names"] == ["ALLGATHER", "ALLREDUCE a", "COMPUTE x", "NEIGHBOR_ALLREDUCE w",
+                                "UPDATE y"]
+    off = run("timeline", 1, tmp_path / "off")[0]
+    assert not off["started"] and not off["ended"] and off["names"] is None
+
+
 def test_queries_with_simulated_machines(tmp_path):
     results = run("queries", 4, tmp_path, extra_env={"BLUEFOG_NODES_PER_MACHINE": "2"})
     for r, got in enumerate(results):

@@ -69,6 +69,11 @@ from bagua.bluefog._state import (
     suspend,
     unified_mpi_window_model_supported,
 )
+from bagua.bluefog._timeline import (
+    timeline_context,
+    timeline_end_activity,
+    timeline_start_activity,
+)
 from bagua.bluefog.optimizers import (
     CommunicationType,
     DistributedAdaptThenCombineOptimizer,

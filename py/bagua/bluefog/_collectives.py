@@ -38,7 +38,7 @@ def allreduce_nonblocking(tensor: torch.Tensor, average: bool = True,
         out = torch.empty_like(x)
         _allreduce(x, out, average, is_hierarchical_local)
         return out.to(tensor.device)
-    return _ops._submit(run)
+    return _ops._submit(run, "ALLREDUCE", name)
 
 
 def allreduce(tensor, average=True, is_hierarchical_local=False, name=None) -> torch.Tensor:
@@ -61,7 +61,7 @@ def _inplace(tensor: torch.Tensor, handle: int) -> int:
         return tensor
     # Queued after the call itself, so the copy happens once it is done;
     # synchronizing `handle` from the worker is safe (it already ran).
-    return _ops._submit(run)
+    return _ops._submit(run, "COPY_BACK")
 
 
 def broadcast_nonblocking(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> int:
@@ -71,7 +71,7 @@ def broadcast_nonblocking(tensor: torch.Tensor, root_rank: int, name: Optional[s
     def run():
         comm_api.broadcast(x, root_rank, comm=state().comm)
         return _ops._from_movable(x, tensor).to(tensor.device).view(tensor.shape)
-    return _ops._submit(run)
+    return _ops._submit(run, "BROADCAST", name)
 
 
 def broadcast(tensor, root_rank, name=None) -> torch.Tensor:
@@ -106,7 +106,8 @@ def _allgather(x: torch.Tensor) -> torch.Tensor:
 
 def allgather_nonblocking(tensor: torch.Tensor, name: Optional[str] = None) -> int:
     x = _ops._as_movable(_ops._host(tensor))
-    return _ops._submit(lambda: _ops._from_movable(_allgather(x), tensor).to(tensor.device))
+    return _ops._submit(lambda: _ops._from_movable(_allgather(x), tensor).to(tensor.device),
+                        "ALLGATHER", name)
 
 
 def allgather(tensor, name=None) -> torch.Tensor:
@@ -114,7 +115,7 @@ def allgather(tensor, name=None) -> torch.Tensor:
 
 
 def barrier() -> None:
-    _ops.synchronize(_ops._submit(lambda: state().comm.barrier()))
+    _ops.synchronize(_ops._submit(lambda: state().comm.barrier(), "BARRIER"))
 
 
 def _tensors_of(params):

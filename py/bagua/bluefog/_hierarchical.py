@@ -63,7 +63,7 @@ def hierarchical_neighbor_allreduce_nonblocking(
             st.leader_neighbor_allreduce.run(_ops._view(average), _ops._view(out), options)
         comm_api.broadcast(out, 0, comm=st.local_comm)
         return out.to(tensor.device).view(tensor.shape)
-    return _ops._submit(run)
+    return _ops._submit(run, "HIERARCHICAL_NEIGHBOR_ALLREDUCE", name)
 
 
 def hierarchical_neighbor_allreduce(tensor: torch.Tensor, self_weight: Optional[float] = None,

@@ -19,15 +19,17 @@ from typing import Dict, List, Optional, Union
 
 import torch
 
-from bagua.bluefog import _state, topology_util
+from bagua.bluefog import _state, _timeline, topology_util
 from bagua.bluefog._state import state
 from bagua.torch_api._core import core, dtype_name, tensor_view
 
 
 # -- handles --------------------------------------------------------------------------
-def _submit(fn) -> int:
+def _submit(fn, activity: str, name: Optional[str] = None) -> int:
+    """Queues ``fn`` on the worker thread; ``activity`` and ``name`` label its
+    timeline span."""
     st = state()
-    future = st.executor.submit(fn)
+    future = st.executor.submit(_timeline.traced(fn, activity, name))
     handle = st.next_handle
     st.next_handle += 1
     st.handles[handle] = future
@@ -201,7 +203,7 @@ def neighbor_allreduce_nonblocking(tensor: torch.Tensor, *, self_weight: Optiona
     def run():
         state().neighbor_allreduce.run(_view(x), _view(out), options)
         return out.to(tensor.device).view(tensor.shape)
-    return _submit(run)
+    return _submit(run, "NEIGHBOR_ALLREDUCE", name)
 
 
 def neighbor_allreduce(tensor: torch.Tensor, *, self_weight: Optional[float] = None,
@@ -243,7 +245,7 @@ def neighbor_allgather_nonblocking(tensor: torch.Tensor, *, src_ranks=None, dst_
         out = _gathered_output(x, plan.counts)
         op.run(plan, _view(x), _view(out))
         return _from_movable(out, tensor).to(tensor.device)
-    return _submit(run)
+    return _submit(run, "NEIGHBOR_ALLGATHER", name)
 
 
 def _gathered_output(x: torch.Tensor, counts: List[int]) -> torch.Tensor:

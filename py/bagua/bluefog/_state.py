@@ -94,6 +94,8 @@ def init(topology_fn=None, is_weighted: bool = False) -> None:
         if not bagua.is_initialized():
             bagua.init_process_group()
         _state = _State()
+        from bagua.bluefog import _timeline
+        _timeline.setup(_state.comm.rank)
     topology = topology_fn(size()) if topology_fn is not None else None
     if not set_topology(topology, is_weighted):
         raise ValueError(f"bf.init: rank {rank()} could not set the topology: the ranks passed "
