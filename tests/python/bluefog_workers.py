@@ -37,15 +37,30 @@ def _x(dtype=torch.float64):
 
 
 def scenario_queries(_):
+    before = _error(bf.rank)
     bf.init()
-    _save({"rank": bf.rank(), "size": bf.size(), "local_rank": bf.local_rank(),
-           "local_size": bf.local_size(), "machine_rank": bf.machine_rank(),
-           "machine_size": bf.machine_size(), "homogeneous": bf.is_homogeneous(),
-           "in": bf.in_neighbor_ranks(), "out": bf.out_neighbor_ranks(),
-           "default_is_exponential": topology_util.IsTopologyEquivalent(
-               bf.load_topology(), topology_util.ExponentialGraph(bf.size())),
-           "local_sum": bf.allreduce(torch.tensor([float(bf.rank())]), average=False,
-                                     is_hierarchical_local=True).item()})
+    results = _queries()
+    results["before_init"] = before
+    # BlueFog's tests call init in every setUp: it re-applies the topology.
+    bf.init(lambda n: topology_util.RingGraph(n, 2))
+    results["reinit_in"] = bf.in_neighbor_ranks()
+    bf.shutdown()
+    bf.shutdown()  # idempotent
+    results["after_shutdown"] = (bf.is_initialized(), _error(bf.size))
+    bf.init()
+    results["init_again_in"] = bf.in_neighbor_ranks()
+    _save(results)
+
+
+def _queries():
+    return {"rank": bf.rank(), "size": bf.size(), "local_rank": bf.local_rank(),
+            "local_size": bf.local_size(), "machine_rank": bf.machine_rank(),
+            "machine_size": bf.machine_size(), "homogeneous": bf.is_homogeneous(),
+            "in": bf.in_neighbor_ranks(), "out": bf.out_neighbor_ranks(),
+            "default_is_exponential": topology_util.IsTopologyEquivalent(
+                bf.load_topology(), topology_util.ExponentialGraph(bf.size())),
+            "local_sum": bf.allreduce(torch.tensor([float(bf.rank())]), average=False,
+                                      is_hierarchical_local=True).item()}
 
 
 def _static_calls(n, r, ins, outs):

@@ -297,6 +297,10 @@ def test_queries_with_simulated_machines(tmp_path):
         assert got["homogeneous"] and got["default_is_exponential"]
         assert got["in"] == exp_in(4, r)
         assert got["local_sum"] == (0 + 1 if r < 2 else 2 + 3)
+        assert got["before_init"][1] and "bf.init()" in got["before_init"][2]
+        assert got["reinit_in"] == [(r - 1) % 4]
+        assert got["after_shutdown"][0] is False and got["after_shutdown"][1][1]
+        assert got["init_again_in"] == exp_in(4, r)  # the default again
 
 
 def test_queries_of_a_single_process(tmp_path):
