@@ -59,6 +59,8 @@ def synchronize(handle: int):
     try:
         return future.result(timeout=limit)
     except concurrent.futures.TimeoutError:
+        if future.done():
+            raise  # the call's own timeout (concurrent's TimeoutError is the builtin one)
         raise TimeoutError(f"bluefog: rank {_state.rank()}: handle {handle} did not finish within "
                            f"{limit:.0f} s") from None
     finally:
