@@ -10,6 +10,7 @@ PYBIND11_MODULE(bagua_core, m) {
   bp::bind_comm(m);
   bp::bind_ops(m);
   bp::bind_backend(m);
+  bp::bind_bluefog(m);
 
   auto testing =
       m.def_submodule("_testing",

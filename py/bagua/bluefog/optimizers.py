@@ -1,0 +1,296 @@
+"""BlueFog's distributed optimizers: adapt-with-combine (AWC),
+adapt-then-combine (ATC) and gradient allreduce.
+
+Each wraps a torch optimizer and returns an instance of a subclass of the
+wrapped optimizer's class, as BlueFog does, so ``isinstance(opt, Adam)`` still
+holds. With W the combination of the communication type (neighbour average,
+hierarchical neighbour average, global average, or none):
+
+- AWC: x_{k+1} = W x_k - lr g(x_k). The combination of x_k starts at the
+  forward pass (on BlueFog's worker thread, overlapping forward and
+  backward) and is applied in ``step()`` before the local update.
+- ATC: x_{k+1} = W (x_k - lr g(x_k)): the local update, then the
+  combination, both in ``step()`` (BlueFog overlaps per parameter during
+  backward; here the combination follows the whole update).
+- Gradient allreduce: the gradients are averaged over all ranks in
+  ``step()`` before the update.
+
+``num_steps_per_communication`` = J: J training forward passes (in training
+mode, with gradients enabled; a module called twice in one pass counts once)
+make one communication, in the next ``step()``; a step before that is a local
+update. The knobs ``self_weight``, ``src_weights``, ``dst_weights``,
+``src_machine_weights``, ``dst_machine_weights``, ``enable_topo_check``
+(False by default) and ``communication_type`` are read at each
+communication, so they can change every iteration (dynamic topologies).
+"""
+
+import contextlib
+import warnings
+from enum import Enum
+from typing import Dict, List, Union
+
+import torch
+
+from bagua.bluefog import _collectives, _hierarchical, _ops
+
+__all__ = ["CommunicationType", "DistributedAdaptWithCombineOptimizer",
+           "DistributedAdaptThenCombineOptimizer", "DistributedGradientAllreduceOptimizer",
+           "DistributedAllreduceOptimizer", "DistributedNeighborAllreduceOptimizer",
+           "DistributedHierarchicalNeighborAllreduceOptimizer"]
+
+
+class CommunicationType(Enum):
+    neighbor_allreduce = "neighbor.allreduce"
+    hierarchical_neighbor_allreduce = "hierarchical.neighbor.allreduce"
+    allreduce = "allreduce"
+    empty = "empty"
+
+
+_TOO_MANY_PASSES = (
+    "Unexpected behavior: more than num_steps_per_communication={} forward computations "
+    "y = model(x) ran before an optimizer step() function was called; adjust "
+    "num_steps_per_communication to update the parameters locally in between.")
+
+
+def _modules(model) -> List[torch.nn.Module]:
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    for m in models:
+        if not isinstance(m, torch.nn.Module):
+            raise ValueError(f"model must be a torch.nn.Module or a list of them, got "
+                             f"{type(m).__name__}")
+    return models
+
+
+def _parameter_names(optimizer, models) -> Dict[torch.nn.Parameter, str]:
+    """Each optimized parameter's name in the model(s) (unique, used as the
+    name of its communication)."""
+    names, seen = {}, set()
+    for i, m in enumerate(models):
+        for name, p in m.named_parameters():
+            full = f"{i}.{name}" if len(models) > 1 else name
+            if full in seen:
+                raise ValueError(f"parameter name {full} is not unique")
+            seen.add(full)
+            names[p] = full
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p not in names:
+                raise ValueError("the optimizer holds a parameter that is not in the model")
+    return names
+
+
+class _Distributed:
+    """The part every wrapped optimizer shares: construction over the
+    wrapped optimizer's groups, parameter names, and pass counting."""
+
+    _base = torch.optim.Optimizer  # the wrapped class, set per subclass
+
+    def __init__(self, optimizer, model, num_steps_per_communication: int):
+        try:
+            self._base.__init__(self, optimizer.param_groups, **optimizer.defaults)
+        except TypeError:  # an optimizer whose defaults are not all constructor arguments
+            self._base.__init__(self, optimizer.param_groups)
+        self.state.update(optimizer.state)
+        if isinstance(num_steps_per_communication, bool) or \
+                not isinstance(num_steps_per_communication, int) or num_steps_per_communication < 1:
+            raise ValueError(f"num_steps_per_communication must be a positive integer, got "
+                             f"{num_steps_per_communication!r}")
+        self._steps_per_communication = num_steps_per_communication
+        self._models = _modules(model)
+        self._names = _parameter_names(self, self._models)
+        # Training forward passes per model since the last communication; a
+        # pass of the whole (one call of each model) counts once.
+        self._model_passes = [0] * len(self._models)
+        self._passes = 0
+        self._handles = {}
+        self._hooks = [m.register_forward_pre_hook(self._counter(i))
+                       for i, m in enumerate(self._models)]
+
+    def _parameters(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    yield p
+
+    def _counter(self, index: int):
+        def before_forward(module, inputs):
+            if not (module.training and torch.is_grad_enabled()):
+                return
+            self._model_passes[index] += 1
+            if self._model_passes[index] <= self._passes:
+                return  # another model of a pass already counted
+            self._passes = self._model_passes[index]
+            if self._passes > self._steps_per_communication:
+                warnings.warn(_TOO_MANY_PASSES.format(self._steps_per_communication))
+            self._on_pass()
+        return before_forward
+
+    def _reset_passes(self):
+        self._passes = 0
+        self._model_passes = [0] * len(self._models)
+
+    def _on_pass(self):
+        """Called at each counted forward pass."""
+
+    def _communicating(self) -> bool:
+        return self._passes >= self._steps_per_communication
+
+    def synchronize(self):
+        """Waits for the communication in flight and writes its results."""
+        for p, handle in list(self._handles.items()):
+            self._apply(p, _ops.synchronize(handle))
+        self._handles.clear()
+
+    def _apply(self, p, result):
+        p.data.copy_(result)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within it, step() does not synchronize (the caller already did)."""
+        self._skip_synchronize = True
+        try:
+            yield
+        finally:
+            self._skip_synchronize = False
+
+    _skip_synchronize = False
+
+    def unregister_hooks(self):
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+class _Combine(_Distributed):
+    """AWC (``_atc`` False) and ATC (True)."""
+
+    _atc = False
+
+    def __init__(self, optimizer, model, communication_type, num_steps_per_communication):
+        super().__init__(optimizer, model, num_steps_per_communication)
+        if not isinstance(communication_type, CommunicationType):
+            raise ValueError(f"communication_type must be a CommunicationType, got "
+                             f"{communication_type!r}")
+        self.communication_type = communication_type
+        self.self_weight = None
+        self.src_weights = None
+        self.dst_weights = None
+        self.src_machine_weights = None
+        self.dst_machine_weights = None
+        self.enable_topo_check = False
+
+    def _on_pass(self):
+        # AWC combines x_k, the point this pass computes the gradient at.
+        if not self._atc and self._passes == self._steps_per_communication:
+            self._start()
+
+    def _start(self):
+        for p in self._parameters():
+            handle = self._start_one(p, self._names[p])
+            if handle is not None:
+                self._handles[p] = handle
+
+    def _start_one(self, p, name):
+        kind = self.communication_type
+        if kind == CommunicationType.empty:
+            return None
+        if kind == CommunicationType.allreduce:
+            return _collectives.allreduce_nonblocking(p.data, average=True, name=name)
+        if kind == CommunicationType.neighbor_allreduce:
+            return _ops.neighbor_allreduce_nonblocking(
+                p.data, self_weight=self.self_weight, src_weights=self.src_weights,
+                dst_weights=self.dst_weights, enable_topo_check=self.enable_topo_check, name=name)
+        return _hierarchical.hierarchical_neighbor_allreduce_nonblocking(
+            p.data, self_weight=self.self_weight, src_machine_weights=self.src_machine_weights,
+            dst_machine_weights=self.dst_machine_weights,
+            enable_topo_check=self.enable_topo_check, name=name)
+
+    def step(self, closure=None):
+        communicating = self._communicating()
+        if not self._atc:
+            if not self._skip_synchronize:
+                self.synchronize()
+            loss = self._base.step(self, closure)
+        else:
+            loss = self._base.step(self, closure)
+            if communicating:
+                self._start()
+                if not self._skip_synchronize:
+                    self.synchronize()
+        if communicating:
+            self._reset_passes()
+        return loss
+
+
+class _Atc(_Combine):
+    _atc = True
+
+
+class _GradientAllreduce(_Distributed):
+    def step(self, closure=None):
+        if self._communicating():
+            for p in self._parameters():
+                if p.grad is not None:
+                    self._handles[p] = _collectives.allreduce_nonblocking(
+                        p.grad, average=True, name=self._names[p])
+            if not self._skip_synchronize:
+                self.synchronize()
+            self._reset_passes()
+        return self._base.step(self, closure)
+
+    def _apply(self, p, result):
+        p.grad.copy_(result)
+
+
+def _wrap(mixin, optimizer, *args):
+    """An instance of a subclass of both ``mixin`` and the optimizer's class."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"expected a torch optimizer, got {type(optimizer).__name__}")
+    base = type(optimizer)
+    cls = type(base.__name__, (mixin, base), {"_base": base})
+    return cls(optimizer, *args)
+
+
+def DistributedAdaptWithCombineOptimizer(
+        optimizer: torch.optim.Optimizer, model: Union[torch.nn.Module, List[torch.nn.Module]],
+        communication_type: CommunicationType = CommunicationType.neighbor_allreduce,
+        num_steps_per_communication: int = 1):
+    """x_{k+1} = W x_k - lr g(x_k) (see the module's docstring)."""
+    return _wrap(_Combine, optimizer, model, communication_type, num_steps_per_communication)
+
+
+def DistributedAdaptThenCombineOptimizer(
+        optimizer: torch.optim.Optimizer, model: Union[torch.nn.Module, List[torch.nn.Module]],
+        communication_type: CommunicationType = CommunicationType.neighbor_allreduce,
+        num_steps_per_communication: int = 1):
+    """x_{k+1} = W (x_k - lr g(x_k))."""
+    return _wrap(_Atc, optimizer, model, communication_type, num_steps_per_communication)
+
+
+def DistributedGradientAllreduceOptimizer(
+        optimizer: torch.optim.Optimizer, model: Union[torch.nn.Module, List[torch.nn.Module]],
+        num_steps_per_communication: int = 1):
+    """The gradients averaged over all ranks before each update."""
+    return _wrap(_GradientAllreduce, optimizer, model, num_steps_per_communication)
+
+
+def _deprecated(old: str, kind: CommunicationType):
+    def make(optimizer, model, num_steps_per_communication: int = 1):
+        warnings.warn(f"{old} is deprecated; use DistributedAdaptWithCombineOptimizer with "
+                      f"communication_type=CommunicationType.{kind.name}",
+                      PendingDeprecationWarning, stacklevel=2)
+        return DistributedAdaptWithCombineOptimizer(optimizer, model, kind,
+                                                    num_steps_per_communication)
+    make.__name__ = make.__qualname__ = old
+    make.__doc__ = f"Deprecated: AWC with CommunicationType.{kind.name}."
+    return make
+
+
+# BlueFog's older names, AWC with a fixed communication type.
+DistributedAllreduceOptimizer = _deprecated("DistributedAllreduceOptimizer",
+                                            CommunicationType.allreduce)
+DistributedNeighborAllreduceOptimizer = _deprecated("DistributedNeighborAllreduceOptimizer",
+                                                    CommunicationType.neighbor_allreduce)
+DistributedHierarchicalNeighborAllreduceOptimizer = _deprecated(
+    "DistributedHierarchicalNeighborAllreduceOptimizer",
+    CommunicationType.hierarchical_neighbor_allreduce)
