@@ -91,6 +91,20 @@ void Communicator::send_recv(std::span<const PeerMessage> sends,
   do_send_recv(sends, receives);
 }
 
+int Communicator::recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
+                           bool wait_forever) {
+  BAGUA_CHECK_ARG(!peers.empty() && buffer.numel > 0 && tag != 0,
+                  "recv_any on rank {}: needs peers, a non-empty buffer and a tag", rank());
+  for (int peer : peers) check_peer("recv_any", peer);
+  return do_recv_any(buffer, peers, tag, wait_forever);
+}
+
+int Communicator::do_recv_any(const TensorView& /*buffer*/, std::span<const int> /*peers*/,
+                              std::uint64_t /*tag*/, bool /*wait_forever*/) {
+  throw InvalidArgument(
+      fmt::format("recv_any: the {} backend cannot receive from any rank", backend_name()));
+}
+
 std::unique_ptr<Communicator> Communicator::new_group(std::span<const int> ranks) {
   check_group(ranks);
   return do_new_group(ranks);

@@ -48,6 +48,8 @@ namespace bagua {
 namespace {
 
 constexpr std::uint64_t kP2PSlotBase = 0xB7ULL << 56;
+constexpr std::uint64_t kTaggedSlotBase = 0xB8ULL << 56;
+constexpr std::uint64_t kTagMask = (1ULL << 56) - 1;
 
 // Gloo's rendezvous store interface on top of ours.
 class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
@@ -186,7 +188,11 @@ class GlooCommunicator final : public Communicator {
   }
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
 
-  void abort() noexcept override { aborted_.store(true); }
+  void abort() noexcept override {
+    aborted_.store(true);
+    const std::lock_guard lock(any_mutex_);
+    if (waiting_any_ != nullptr) waiting_any_->abortWaitRecv();
+  }
 
  protected:
   void do_allreduce(const TensorView& send, const TensorView& recv, ReduceOp op) override {
@@ -314,19 +320,47 @@ class GlooCommunicator final : public Communicator {
       for (const auto& message : receives) {
         if (message.buffer.numel == 0) continue;
         auto unbound = context_->createUnboundBuffer(message.buffer.data, message.buffer.nbytes());
-        unbound->recv(message.peer, next_slot(recv_sequence_, message.peer));
+        unbound->recv(message.peer, slot_of(message, recv_sequence_));
         posted_receives.push_back(std::move(unbound));
       }
       for (const auto& message : sends) {
         if (message.buffer.numel == 0) continue;
         count(message.buffer.nbytes());
         auto unbound = context_->createUnboundBuffer(message.buffer.data, message.buffer.nbytes());
-        unbound->send(message.peer, next_slot(send_sequence_, message.peer));
+        unbound->send(message.peer, slot_of(message, send_sequence_));
         posted_sends.push_back(std::move(unbound));
       }
       for (auto& unbound : posted_sends) unbound->waitSend(options_.timeout);
       for (auto& unbound : posted_receives) unbound->waitRecv(options_.timeout);
     });
+  }
+
+  int do_recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
+                  bool wait_forever) override {
+    int sender = -1;
+    run("recv_any", [&] {
+      auto unbound = context_->createUnboundBuffer(buffer.data, buffer.nbytes());
+      unbound->recv(std::vector<int>(peers.begin(), peers.end()), kTaggedSlotBase | (tag & kTagMask));
+      {
+        const std::lock_guard lock(any_mutex_);
+        if (aborted_.load()) return;
+        waiting_any_ = unbound.get();
+      }
+      // An expired wait poisons the whole Gloo context, so "forever" is a
+      // year, ended early by a message, an error or abortWaitRecv.
+      constexpr auto kForever = std::chrono::hours(24 * 365);
+      const bool received = unbound->waitRecv(
+          &sender, wait_forever ? std::chrono::milliseconds(kForever) : options_.timeout);
+      const std::lock_guard lock(any_mutex_);
+      waiting_any_ = nullptr;
+      if (!received) sender = -1;
+    });
+    if (sender < 0) {
+      throw BackendError(fmt::format("recv_any on rank {} of {}: the communicator was aborted",
+                                     rank_, size_));
+    }
+    count(buffer.nbytes());
+    return sender;
   }
 
   void do_barrier() override {
@@ -491,6 +525,11 @@ class GlooCommunicator final : public Communicator {
   static std::uint64_t next_slot(std::vector<std::uint64_t>& sequence, int peer) {
     return kP2PSlotBase + sequence[static_cast<std::size_t>(peer)]++;
   }
+  // Tagged messages match by tag alone, on slots of their own.
+  static std::uint64_t slot_of(const PeerMessage& message, std::vector<std::uint64_t>& sequence) {
+    if (message.tag == 0) return next_slot(sequence, message.peer);
+    return kTaggedSlotBase | (message.tag & kTagMask);
+  }
   static void copy_if_distinct(const TensorView& from, const TensorView& to) {
     if (from.data != to.data && from.nbytes() > 0) std::memcpy(to.data, from.data, from.nbytes());
   }
@@ -525,6 +564,9 @@ class GlooCommunicator final : public Communicator {
   std::vector<std::uint64_t> send_sequence_;
   std::vector<std::uint64_t> recv_sequence_;
   std::atomic<bool> aborted_{false};
+  // The pending recv_any, so that abort() from another thread can end it.
+  std::mutex any_mutex_;
+  ::gloo::transport::UnboundBuffer* waiting_any_ = nullptr;
   SharedMemoryOptions shm_options_;
   bool shm_attached_ = false;
   std::unique_ptr<SharedMemoryGroup> shm_;

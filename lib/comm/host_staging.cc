@@ -66,14 +66,21 @@ class HostStagingCommunicator final : public Communicator {
     Staging s(*this);
     std::vector<PeerMessage> host_sends;
     std::vector<PeerMessage> host_receives;
-    for (const auto& m : sends) host_sends.push_back({s.in(m.buffer), m.peer});
+    for (const auto& m : sends) host_sends.push_back({s.in(m.buffer), m.peer, m.tag});
     for (const auto& m : receives) {
-      host_receives.push_back({s.out(m.buffer, TensorView{}, TensorView{}), m.peer});
+      host_receives.push_back({s.out(m.buffer, TensorView{}, TensorView{}), m.peer, m.tag});
     }
     inner_->send_recv(host_sends, host_receives);
     s.finish();
   }
   void do_barrier() override { inner_->barrier(); }
+  void do_partial_allreduce(const TensorView& send, const TensorView& recv,
+                            std::span<const int> members, ReduceOp op, std::uint64_t group_id,
+                            bool verify) override {
+    staged(send, recv, [&](const auto& in, const auto& out) {
+      inner_->partial_allreduce(in, out, members, op, group_id, verify);
+    });
+  }
 
   std::unique_ptr<Communicator> do_new_group(std::span<const int> ranks) override {
     auto group = inner_->new_group(ranks);

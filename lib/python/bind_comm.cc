@@ -113,7 +113,22 @@ void bind_collectives(py::class_<Communicator, CommPtr>& c) {
       .def("alltoall", &Communicator::alltoall, ReleaseGil())
       .def("send", &Communicator::send, ReleaseGil())
       .def("recv", &Communicator::recv, ReleaseGil())
-      .def("barrier", &Communicator::barrier, ReleaseGil());
+      .def("barrier", &Communicator::barrier, ReleaseGil())
+      .def(
+          "partial_allreduce",
+          [](Communicator& comm, const TensorView& s, const TensorView& r,
+             const std::vector<int>& members, const std::string& op, std::uint64_t group_id,
+             bool verify) {
+            comm.partial_allreduce(s, r, members, parse_reduce_op(op), group_id, verify);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("members"), py::arg("op"),
+          py::arg("group_id"), py::arg("verify") = false, ReleaseGil())
+      .def(
+          "next_partial_id",
+          [](Communicator& comm, const std::vector<int>& members) {
+            return comm.next_partial_id(members);
+          },
+          py::arg("members"));
 }
 
 void bind_communicator(py::module_& m) {

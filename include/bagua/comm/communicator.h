@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,6 +40,12 @@ struct CommCounters {
 struct PeerMessage {
   TensorView buffer;
   int peer = -1;
+  // 0: matched in program order with the other untagged messages between
+  // the two ranks. Otherwise matched only with the other side's message of
+  // the same tag (Gloo), so a message meant for another call times out
+  // instead of landing in this call's buffer. NCCL matches every message in
+  // program order.
+  std::uint64_t tag = 0;
 };
 
 class Communicator {
@@ -83,6 +90,35 @@ class Communicator {
   void send_recv(std::span<const PeerMessage> sends, std::span<const PeerMessage> receives);
   void barrier() { do_barrier(); }
 
+  // P-Reduce: recv on every member = op over the members' send. Only the
+  // members call it (`members`: sorted, unique, containing this rank);
+  // everyone else is not involved, so calls of disjoint groups run
+  // concurrently on one communicator. The traffic is point-to-point among
+  // the members (a ring reduce-scatter, then an allgather): no communicator
+  // per group. Every chunk is reduced once and copied, so all members end
+  // bit-identical. Messages carry a tag derived from `members` and
+  // `group_id`: members that disagree on the group time out naming it rather
+  // than mixing data. Groups sharing members must be called in the same
+  // relative order by those members. `verify`: the members first exchange
+  // element count, dtype and op, and a mismatch is an InvalidArgument on
+  // every member.
+  void partial_allreduce(const TensorView& send, const TensorView& recv,
+                         std::span<const int> members, ReduceOp op, std::uint64_t group_id,
+                         bool verify = false);
+  // The receiving end of a control channel (a service answering any rank):
+  // one message tagged `tag` (sent with a PeerMessage of that tag, exactly
+  // buffer's size) from whichever of `peers` sends first; returns its rank.
+  // `wait_forever`: a server idling between requests waits without a bound,
+  // ended by a message, the sender's connection failing, or abort() from
+  // another thread (BackendError); otherwise the communicator's timeout
+  // bounds it. Gloo only; other backends raise InvalidArgument.
+  int recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
+               bool wait_forever = false);
+  // A group id for callers without one (the Python API): how many times this
+  // rank has asked for `members` before. Members asking in the same order
+  // get the same ids.
+  std::uint64_t next_partial_id(std::span<const int> members);
+
   // Marks the communicator unusable; later calls throw. Safe from any thread.
   virtual void abort() noexcept = 0;
 
@@ -119,6 +155,13 @@ class Communicator {
   virtual void do_send_recv(std::span<const PeerMessage> sends,
                             std::span<const PeerMessage> receives) = 0;
   virtual void do_barrier() = 0;
+  virtual int do_recv_any(const TensorView& buffer, std::span<const int> peers,
+                          std::uint64_t tag, bool wait_forever);
+  // Default: the ring over tagged send_recv with host reductions (host
+  // buffers only); staging backends override it.
+  virtual void do_partial_allreduce(const TensorView& send, const TensorView& recv,
+                                    std::span<const int> members, ReduceOp op,
+                                    std::uint64_t group_id, bool verify);
   virtual std::unique_ptr<Communicator> do_new_group(std::span<const int> ranks) = 0;
   virtual std::unique_ptr<Communicator> do_new_bucket_group(std::span<const int> ranks) {
     return do_new_group(ranks);
@@ -145,8 +188,11 @@ class Communicator {
   // `whole` holds size() copies of `part`.
   void check_gathered(std::string_view op, const TensorView& part, const TensorView& whole) const;
   void check_group(std::span<const int> ranks) const;
+  void check_members(const TensorView& send, const TensorView& recv,
+                     std::span<const int> members) const;
 
   int group_counter_ = 0;
+  std::map<std::vector<int>, std::uint64_t> partial_ids_;
 };
 
 // The intra-node / inter-node pair for hierarchical communication.

@@ -33,6 +33,8 @@ from bagua.torch_api.communication import (  # noqa: F401
     barrier,
     broadcast,
     gather,
+    partial_allreduce,
+    partial_allreduce_inplace,
     recv,
     reduce,
     reduce_inplace,

@@ -36,6 +36,7 @@ __all__ = _process_group.__all__ + [
     "ReduceOp", "allreduce", "allreduce_inplace", "reduce", "reduce_inplace", "broadcast",
     "allgather", "allgather_inplace", "gather", "scatter", "reduce_scatter",
     "reduce_scatter_inplace", "alltoall", "alltoall_inplace", "send", "recv", "barrier",
+    "partial_allreduce", "partial_allreduce_inplace",
 ]
 
 
@@ -268,6 +269,53 @@ def recv(tensor, src: int, comm=None) -> None:
 
 def barrier(comm=None) -> None:
     _resolve(comm).barrier()
+
+
+def _member_list(op: str, ranks, rank: int, size: int) -> list:
+    """``ranks`` checked and sorted: distinct ints of the group, the caller among them."""
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise InvalidArgumentError(f"{op}: ranks must be a list of ints, got {ranks!r}")
+    members = list(ranks)
+    if not members:
+        raise InvalidArgumentError(f"{op}: ranks is empty")
+    for r in members:
+        if isinstance(r, bool) or not isinstance(r, int):
+            raise InvalidArgumentError(f"{op}: ranks must be ints, got {r!r} in {members}")
+        if not 0 <= r < size:
+            raise InvalidArgumentError(f"{op}: rank {r} in ranks {members} is not a rank of a group of size {size}")
+    if len(set(members)) != len(members):
+        raise InvalidArgumentError(f"{op}: ranks {members} holds duplicates")
+    if rank not in members:
+        raise InvalidArgumentError(f"{op}: the calling rank {rank} is not in ranks {members}; only members call it")
+    return sorted(members)
+
+
+def partial_allreduce(send_tensor, recv_tensor, ranks, op=ReduceOp.AVG, comm=None, group_id=None) -> None:
+    """recv_tensor on every rank of ``ranks`` = op over those ranks' send_tensor (P-Reduce).
+
+    Only the ranks in ``ranks`` call it; the others are not involved, and
+    calls of disjoint groups run at the same time. The traffic is
+    point-to-point among the members on the group's existing connections:
+    no communicator is created. Members sharing several groups must call them
+    in the same relative order; members that disagree about the group get a
+    ``CommTimeoutError`` naming it, never mixed data. ``group_id``: an id all
+    members pass alike (a group generator's); by default the number of
+    earlier calls with the same member set. With BAGUA_CHECK_COLLECTIVES=1 the
+    members first compare sizes, dtypes and op among themselves.
+    """
+    call = _Call("partial_allreduce", comm, send_tensor=send_tensor, recv_tensor=recv_tensor)
+    call.check_same_size(send_tensor, recv_tensor)
+    members = _member_list("partial_allreduce", ranks, call.rank, call.size)
+    if group_id is None:
+        group_id = call.comm.next_partial_id(members)
+    elif isinstance(group_id, bool) or not isinstance(group_id, int) or group_id < 0:
+        raise InvalidArgumentError(f"partial_allreduce: group_id must be an int >= 0, got {group_id!r}")
+    verify = bool(core.env().check_collectives) and len(members) > 1
+    call.run([send_tensor], [recv_tensor], members, _op_name(op), group_id, verify)
+
+
+def partial_allreduce_inplace(tensor, ranks, op=ReduceOp.AVG, comm=None, group_id=None) -> None:
+    partial_allreduce(tensor, tensor, ranks, op, comm, group_id)
 
 
 # The rest of Bagua's communication API (CommMember, from_torch_group,

@@ -1,0 +1,217 @@
+// P-Reduce (partial all-reduce): an allreduce among some ranks of a
+// communicator, called by those ranks only.
+//
+// Ripples creates a communicator per group; creating one is collective over
+// the whole world and costs a rendezvous (design/ripples.md, section 3), so
+// here a P-Reduce is point-to-point traffic among the members on the
+// already connected mesh: a ring reduce-scatter, then a ring allgather, each
+// step one tagged send_recv with the next and previous member. The tag
+// (members and group id) keeps concurrent groups apart and turns members that
+// disagree about the group into a timeout naming it, never mixed data.
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/core/elementwise.h"
+#include "bagua/core/errors.h"
+
+namespace bagua {
+namespace {
+
+// Steps of one call live in the low bits of the tag (step 0: the check).
+constexpr int kStepBits = 16;
+constexpr int kKeyBits = 39;
+
+// SplitMix64's finalizer: a well-mixed, portable 64-bit hash.
+std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t members_hash(std::span<const int> members) {
+  std::uint64_t hash = mix64(members.size());
+  for (int r : members) hash = mix64(hash ^ static_cast<std::uint64_t>(r));
+  return hash;
+}
+
+// Nonzero, below 2^56 (what a Gloo slot of ours has room for), distinct per
+// (members, group id, step) up to a 2^-39 chance of collision.
+std::uint64_t step_tag(std::uint64_t group_key, int step) {
+  return (group_key << kStepBits) | static_cast<std::uint64_t>(step);
+}
+
+std::uint64_t group_key(std::span<const int> members, std::uint64_t group_id) {
+  const std::uint64_t key = mix64(members_hash(members) ^ mix64(group_id));
+  return (key & ((1ULL << kKeyBits) - 1)) | (1ULL << kKeyBits);
+}
+
+// Chunk c of m over n elements: sizes differ by at most one.
+struct Chunk {
+  std::int64_t offset = 0;
+  std::int64_t numel = 0;
+};
+
+Chunk chunk_of(std::int64_t n, int m, int c) {
+  const std::int64_t base = n / m, rest = n % m;
+  return {c * base + std::min<std::int64_t>(c, rest), base + (c < rest ? 1 : 0)};
+}
+
+// The members and the place of this rank among them, with the tags of the call.
+struct Ring {
+  Communicator& comm;
+  std::span<const int> members;
+  int me = 0;  // index of this rank in members
+  std::uint64_t key = 0;
+  std::uint64_t group_id = 0;
+
+  int m() const { return static_cast<int>(members.size()); }
+  int next() const { return members[static_cast<std::size_t>((me + 1) % m())]; }
+  int prev() const { return members[static_cast<std::size_t>((me + m() - 1) % m())]; }
+
+  void exchange(const TensorView& send, const TensorView& recv, int step) {
+    const std::uint64_t tag = step_tag(key, step);
+    const PeerMessage sends[] = {{send, next(), tag}};
+    const PeerMessage receives[] = {{recv, prev(), tag}};
+    comm.send_recv(sends, receives);
+  }
+};
+
+std::string describe_group(const Ring& ring) {
+  return fmt::format("partial_allreduce of group {} (ranks {}) on rank {}", ring.group_id,
+                     fmt::join(ring.members, ","), ring.comm.rank());
+}
+
+// Every member sends its (numel, dtype, op, members) to every other member
+// and compares what it receives, so all of them see a disagreement.
+void verify_members_agree(Ring& ring, const TensorView& send, ReduceOp op) {
+  constexpr int kFields = 4;
+  const std::array<std::int64_t, kFields> mine{
+      send.numel, static_cast<std::int64_t>(send.dtype), static_cast<std::int64_t>(op),
+      static_cast<std::int64_t>(members_hash(ring.members) >> 1)};
+  std::vector<std::int64_t> theirs(static_cast<std::size_t>(kFields * ring.m()));
+  std::vector<PeerMessage> sends, receives;
+  const std::uint64_t tag = step_tag(ring.key, 0);
+  for (int i = 0; i < ring.m(); ++i) {
+    if (i == ring.me) continue;
+    const int peer = ring.members[static_cast<std::size_t>(i)];
+    sends.push_back({TensorView{const_cast<std::int64_t*>(mine.data()), kFields, DType::kInt64, {}},
+                     peer, tag});
+    receives.push_back(
+        {TensorView{theirs.data() + static_cast<std::ptrdiff_t>(i) * kFields, kFields,
+                    DType::kInt64, {}},
+         peer, tag});
+  }
+  ring.comm.send_recv(sends, receives);
+  std::string detail;
+  for (int i = 0; i < ring.m(); ++i) {
+    if (i == ring.me) continue;
+    const auto* row = theirs.data() + static_cast<std::ptrdiff_t>(i) * kFields;
+    if (std::equal(row, row + kFields, mine.begin())) continue;
+    detail += fmt::format("; rank {} passed {}[{}] op {}{}", ring.members[static_cast<std::size_t>(i)],
+                          to_string(static_cast<DType>(row[1])), row[0],
+                          to_string(static_cast<ReduceOp>(row[2])),
+                          row[3] == mine[3] ? "" : " and another member list");
+  }
+  if (!detail.empty()) {
+    throw InvalidArgument(fmt::format("{}: the members passed different calls: this rank {}[{}] op {}{}",
+                                      describe_group(ring), to_string(send.dtype), send.numel,
+                                      to_string(op), detail));
+  }
+}
+
+// After it, member `me` holds the reduction of chunk (me + 1) mod m in recv.
+void reduce_scatter_ring(Ring& ring, const TensorView& recv, ReduceOp op) {
+  const int m = ring.m();
+  const Chunk largest = chunk_of(recv.numel, m, 0);
+  thread_local std::vector<std::byte> scratch;
+  scratch.resize(static_cast<std::size_t>(largest.numel) * dtype_size(recv.dtype));
+  for (int s = 0; s < m - 1; ++s) {
+    const Chunk out = chunk_of(recv.numel, m, (ring.me - s + m) % m);
+    const Chunk in = chunk_of(recv.numel, m, (ring.me - s - 1 + 2 * m) % m);
+    const TensorView incoming{scratch.data(), in.numel, recv.dtype, {}};
+    ring.exchange(recv.slice(out.offset, out.numel), incoming, 1 + s);
+    const TensorView target = recv.slice(in.offset, in.numel);
+    reduce_into(op, target, target, incoming);
+  }
+}
+
+// Passes each member's reduced chunk around the ring into everyone's recv.
+void allgather_ring(Ring& ring, const TensorView& recv) {
+  const int m = ring.m();
+  for (int s = 0; s < m - 1; ++s) {
+    const Chunk out = chunk_of(recv.numel, m, (ring.me + 1 - s + m) % m);
+    const Chunk in = chunk_of(recv.numel, m, (ring.me - s + m) % m);
+    ring.exchange(recv.slice(out.offset, out.numel), recv.slice(in.offset, in.numel), m + s);
+  }
+}
+
+}  // namespace
+
+void Communicator::partial_allreduce(const TensorView& send, const TensorView& recv,
+                                     std::span<const int> members, ReduceOp op,
+                                     std::uint64_t group_id, bool verify) {
+  check_members(send, recv, members);
+  if (send.numel == 0) return;
+  if (members.size() == 1) {
+    if (send.data != recv.data) std::memcpy(recv.data, send.data, send.nbytes());
+    return;
+  }
+  do_partial_allreduce(send, recv, members, op, group_id, verify);
+}
+
+std::uint64_t Communicator::next_partial_id(std::span<const int> members) {
+  return partial_ids_[std::vector<int>(members.begin(), members.end())]++;
+}
+
+void Communicator::do_partial_allreduce(const TensorView& send, const TensorView& recv,
+                                        std::span<const int> members, ReduceOp op,
+                                        std::uint64_t group_id, bool verify) {
+  BAGUA_CHECK_ARG(send.device.type == DeviceType::kCPU && recv.device.type == DeviceType::kCPU,
+                  "partial_allreduce on the {} backend takes host buffers, got {} and {}",
+                  backend_name(), send.describe(), recv.describe());
+  Ring ring{*this, members, 0, group_key(members, group_id), group_id};
+  ring.me = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+  try {
+    if (verify) verify_members_agree(ring, send, op);
+    if (send.data != recv.data) std::memcpy(recv.data, send.data, send.nbytes());
+    reduce_scatter_ring(ring, recv, op);
+    if (op == ReduceOp::kAvg) {
+      const Chunk own = chunk_of(recv.numel, ring.m(), (ring.me + 1) % ring.m());
+      divide_inplace(recv.slice(own.offset, own.numel), ring.m());
+    }
+    allgather_ring(ring, recv);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format("{}: {}", describe_group(ring), e.what()));
+  } catch (const BackendError& e) {
+    throw BackendError(fmt::format("{}: {}", describe_group(ring), e.what()));
+  }
+}
+
+void Communicator::check_members(const TensorView& send, const TensorView& recv,
+                                 std::span<const int> members) const {
+  check_same_shape("partial_allreduce", send, recv);
+  BAGUA_CHECK_ARG(!members.empty(), "partial_allreduce on rank {}: the member list is empty",
+                  rank());
+  bool has_me = false;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    BAGUA_CHECK_ARG(members[i] >= 0 && members[i] < size(),
+                    "partial_allreduce on rank {}: member {} is outside the group of size {}",
+                    rank(), members[i], size());
+    BAGUA_CHECK_ARG(i == 0 || members[i] > members[i - 1],
+                    "partial_allreduce on rank {}: members must be sorted and unique, got {} "
+                    "after {}",
+                    rank(), members[i], members[i - 1]);
+    has_me = has_me || members[i] == rank();
+  }
+  BAGUA_CHECK_ARG(has_me, "partial_allreduce on rank {}: this rank is not among the members {}",
+                  rank(), fmt::format("{}", fmt::join(members, ",")));
+}
+
+}  // namespace bagua

@@ -1,0 +1,212 @@
+// P-Reduce (Communicator::partial_allreduce), ranks as threads: results
+// against a float64 reference of the members' inputs, agreement bit for bit,
+// non-members untouched, concurrent disjoint groups, bytes moved, and the
+// failures: disagreeing members, bad member lists.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/core/errors.h"
+#include "rank_threads.h"
+
+using namespace bagua;
+
+namespace {
+
+// Input of `rank` at element i: distinct per rank, not exactly representable.
+double input_of(int rank, std::int64_t i) {
+  return std::sin(0.37 * static_cast<double>(i) + 1.3 * rank) * (1.0 + rank);
+}
+
+// The group of `rank` in a partition of the world into `groups` groups,
+// round-robin (groups of one included).
+std::vector<int> group_of(int rank, int world, int groups) {
+  std::vector<int> members;
+  for (int r = 0; r < world; ++r) {
+    if (r % groups == rank % groups) members.push_back(r);
+  }
+  return members;
+}
+
+template <typename T>
+void check_group_result(const std::vector<std::vector<T>>& results, const std::vector<int>& group,
+                        std::int64_t n, ReduceOp op) {
+  const double m = static_cast<double>(group.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    double expect = op == ReduceOp::kMax ? -1e300 : 0.0, scale = 0.0;
+    for (int r : group) {
+      const double x = input_of(r, i);
+      expect = op == ReduceOp::kMax ? std::max(expect, x) : expect + x;
+      scale = std::max(scale, std::abs(x));
+    }
+    if (op == ReduceOp::kAvg) expect /= m;
+    const double tolerance = (sizeof(T) == 4 ? 1e-6 : 1e-12) * (1 + scale) * m;
+    const auto got = static_cast<double>(results[static_cast<std::size_t>(group[0])][i]);
+    if (std::abs(got - expect) > tolerance) {
+      FAIL("element ", i, " of group ", group[0], ": ", got, " vs ", expect);
+    }
+  }
+  // Every member holds the same bits.
+  for (int r : group) {
+    const auto& mine = results[static_cast<std::size_t>(r)];
+    const auto& first = results[static_cast<std::size_t>(group[0])];
+    CHECK(std::memcmp(mine.data(), first.data(), mine.size() * sizeof(T)) == 0);
+  }
+}
+
+// Each rank of `world` joins its group (`groups` disjoint groups, all at
+// once) and P-Reduces n elements of T with `op`.
+template <typename T>
+void run_partition(int world, int groups, std::int64_t n, ReduceOp op, DType dtype) {
+  std::vector<std::vector<T>> results(static_cast<std::size_t>(world));
+  testing::run_ranks(world, [&](Communicator& comm) {
+    const auto group = group_of(comm.rank(), world, groups);
+    auto& data = results[static_cast<std::size_t>(comm.rank())];
+    data.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) data[i] = static_cast<T>(input_of(comm.rank(), i));
+    const TensorView view{data.data(), n, dtype, {}};
+    comm.partial_allreduce(view, view, group, op, 7, /*verify=*/true);
+  });
+  // The reference uses the float64 inputs; float's rounding of them is
+  // within the tolerance.
+  for (int g = 0; g < groups && g < world; ++g) {
+    check_group_result(results, group_of(g, world, groups), n, op);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("partial_allreduce: concurrent disjoint groups reach their means, bit-identical") {
+  for (int world = 1; world <= 6; ++world) {
+    for (int groups = 1; groups <= std::min(world, 3); ++groups) {
+      for (std::int64_t n : {0, 1, 5, 1001, 65537}) {
+        CAPTURE(world);
+        CAPTURE(groups);
+        CAPTURE(n);
+        run_partition<float>(world, groups, n, ReduceOp::kAvg, DType::kFloat32);
+        if (n == 1001) {
+          run_partition<double>(world, groups, n, ReduceOp::kAvg, DType::kFloat64);
+          run_partition<double>(world, groups, n, ReduceOp::kSum, DType::kFloat64);
+          run_partition<float>(world, groups, n, ReduceOp::kMax, DType::kFloat32);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("partial_allreduce: ranks outside the group are untouched and not involved") {
+  // World 5: ranks 1 and 3 P-Reduce while 0, 2 and 4 do nothing at all.
+  std::vector<std::vector<float>> results(5);
+  testing::run_ranks(5, [&](Communicator& comm) {
+    auto& data = results[static_cast<std::size_t>(comm.rank())];
+    data.assign(300, static_cast<float>(comm.rank()));
+    if (comm.rank() == 1 || comm.rank() == 3) {
+      const int members[] = {1, 3};
+      const TensorView view{data.data(), 300, DType::kFloat32, {}};
+      comm.partial_allreduce(view, view, members, ReduceOp::kAvg, 0);
+    }
+  });
+  for (int r : {0, 2, 4}) CHECK(results[static_cast<std::size_t>(r)][0] == static_cast<float>(r));
+  CHECK(results[1][299] == 2.0f);
+  CHECK(results[3][0] == 2.0f);
+}
+
+TEST_CASE("partial_allreduce: the whole group equals allreduce, and bytes are 2(m-1)/m per member") {
+  constexpr std::int64_t n = 30000;
+  testing::run_ranks(4, [&](Communicator& comm) {
+    std::vector<double> a(n), b(n);
+    for (std::int64_t i = 0; i < n; ++i) a[i] = b[i] = input_of(comm.rank(), i);
+    const int all[] = {0, 1, 2, 3};
+    const auto sent_before = comm.counters().bytes_sent.load();
+    comm.partial_allreduce(TensorView{a.data(), n, DType::kFloat64, {}},
+                           TensorView{a.data(), n, DType::kFloat64, {}}, all, ReduceOp::kAvg, 1);
+    const auto sent = comm.counters().bytes_sent.load() - sent_before;
+    CHECK(sent == 2 * 3 * n * 8 / 4);
+    comm.allreduce(TensorView{b.data(), n, DType::kFloat64, {}},
+                   TensorView{b.data(), n, DType::kFloat64, {}}, ReduceOp::kAvg);
+    for (std::int64_t i = 0; i < n; i += 97) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-12));
+  });
+}
+
+TEST_CASE("partial_allreduce: overlapping groups called in the same order, many times") {
+  // Ranks 0..3; rounds alternate the groups {0,1},{2,3} and {1,2},{0,3}:
+  // a long chain of groups sharing members, every pair in the same order.
+  std::vector<std::vector<double>> results(4);
+  testing::run_ranks(4, [&](Communicator& comm) {
+    auto& x = results[static_cast<std::size_t>(comm.rank())];
+    x.assign(17, static_cast<double>(comm.rank()));
+    for (int round = 0; round < 40; ++round) {
+      const int r = comm.rank();
+      std::vector<int> group = round % 2 == 0 ? std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}
+                               : (r == 1 || r == 2) ? std::vector<int>{1, 2}
+                                                    : std::vector<int>{0, 3};
+      const std::uint64_t id = comm.next_partial_id(group);
+      comm.partial_allreduce(TensorView{x.data(), 17, DType::kFloat64, {}},
+                             TensorView{x.data(), 17, DType::kFloat64, {}}, group,
+                             ReduceOp::kAvg, id);
+    }
+  });
+  // Doubly stochastic steps conserve the sum; 40 of them reach consensus.
+  double sum = 0;
+  for (const auto& x : results) sum += x[0];
+  CHECK(sum == doctest::Approx(6.0).epsilon(1e-12));
+  for (const auto& x : results) CHECK(x[16] == doctest::Approx(1.5).epsilon(1e-9));
+}
+
+TEST_CASE("partial_allreduce: members that disagree fail with the group named, never mixed data") {
+  SUBCASE("different group ids: a timeout naming the group on both") {
+    auto errors = testing::run_ranks_collect_errors(
+        2,
+        [&](Communicator& comm) {
+          std::vector<float> x(100, static_cast<float>(comm.rank()));
+          const int members[] = {0, 1};
+          const TensorView view{x.data(), 100, DType::kFloat32, {}};
+          comm.partial_allreduce(view, view, members, ReduceOp::kAvg,
+                                 comm.rank() == 0 ? 5 : 6);
+        },
+        std::chrono::milliseconds(500));
+    for (const auto& message : errors) {
+      CAPTURE(message);
+      CHECK(message.find("partial_allreduce of group") != std::string::npos);
+      CHECK(message.find("ranks 0,1") != std::string::npos);
+      CHECK(message.find("timed out") != std::string::npos);
+    }
+  }
+  SUBCASE("different sizes with verify: InvalidArgument on every member") {
+    auto errors = testing::run_ranks_collect_errors(3, [&](Communicator& comm) {
+      std::vector<float> x(comm.rank() == 2 ? 9 : 8);
+      const int members[] = {0, 1, 2};
+      const TensorView view{x.data(), static_cast<std::int64_t>(x.size()), DType::kFloat32, {}};
+      comm.partial_allreduce(view, view, members, ReduceOp::kSum, 3, /*verify=*/true);
+    });
+    for (const auto& message : errors) {
+      CAPTURE(message);
+      CHECK(message.find("different calls") != std::string::npos);
+    }
+    CHECK(errors[0].find("rank 2 passed float32[9]") != std::string::npos);
+  }
+}
+
+TEST_CASE("partial_allreduce: bad member lists are InvalidArgument before any communication") {
+  testing::run_ranks(3, [&](Communicator& comm) {
+    std::vector<float> x(4), y(5);
+    const TensorView vx{x.data(), 4, DType::kFloat32, {}};
+    const TensorView vy{y.data(), 5, DType::kFloat32, {}};
+    const std::vector<int> others = comm.rank() == 0 ? std::vector<int>{1, 2}
+                                                     : std::vector<int>{0};
+    const std::vector<int> unsorted{2, 1, 0}, duplicate{0, 0, 1, 2}, outside{0, 1, 2, 3};
+    const std::vector<int> empty;
+    CHECK_THROWS_AS(comm.partial_allreduce(vx, vx, others, ReduceOp::kSum, 0), InvalidArgument);
+    CHECK_THROWS_AS(comm.partial_allreduce(vx, vx, unsorted, ReduceOp::kSum, 0), InvalidArgument);
+    CHECK_THROWS_AS(comm.partial_allreduce(vx, vx, duplicate, ReduceOp::kSum, 0), InvalidArgument);
+    CHECK_THROWS_AS(comm.partial_allreduce(vx, vx, outside, ReduceOp::kSum, 0), InvalidArgument);
+    CHECK_THROWS_AS(comm.partial_allreduce(vx, vx, empty, ReduceOp::kSum, 0), InvalidArgument);
+    CHECK_THROWS_AS(comm.partial_allreduce(vx, vy, std::vector<int>{0, 1, 2}, ReduceOp::kSum, 0),
+                    InvalidArgument);
+  });
+}
