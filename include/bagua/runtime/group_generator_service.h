@@ -1,0 +1,125 @@
+// Ripples' group generator as a service: one rank (the host) runs the
+// GroupGeneratorEngine and answers every rank's requests, so that all
+// members of a group learn the same group (design/ripples.md, 4.3).
+//
+// The host serves from a C++ thread over a control communicator of its own
+// (tagged messages, received from whichever rank sends first): no Python and
+// no GIL on the service path, so a busy training loop on the host does not
+// delay the others. The host's own calls go straight to the engine.
+//
+// Protocol (fixed-size messages of int64: kind, rank, group id, member count,
+// members): a client sends REQUEST and waits for GROUP or DONE; COMPLETE and
+// LEAVE need no answer; CLOSE is answered by CLOSED once the host processed
+// it. Every wait of a client is bounded by the communicator's timeout. The
+// host's thread ends when every rank closed; the host's own close() returns
+// only then, so a host that finishes training first never strands the rest.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/runtime/group_generator.h"
+
+namespace bagua {
+
+// One group this rank executed, for history(): steady-clock seconds
+// (CLOCK_MONOTONIC, Python's time.monotonic()).
+struct ExecutedGroup {
+  Group group;
+  double t_start = 0;  // when acquire() returned it
+  double t_end = 0;    // when complete() was called
+};
+
+class GroupGeneratorService {
+ public:
+  // Collective over `comm`: every rank passes the same options and host.
+  GroupGeneratorService(Communicator& comm, GroupGeneratorOptions options, int host_rank = 0);
+  // Aborts the control channel if close() did not run (an exception
+  // unwinding the training loop): the others then fail within their timeout.
+  ~GroupGeneratorService();
+  GroupGeneratorService(const GroupGeneratorService&) = delete;
+  GroupGeneratorService& operator=(const GroupGeneratorService&) = delete;
+
+  // Blocks until this rank's next group can run (the random mode waits for
+  // its members to be free); nullopt once the rank left and has no group
+  // left to drain. Then run the group and call complete(id).
+  std::optional<Group> acquire();
+  void complete(std::uint64_t group_id);
+  // This rank stops training: it is never put in a new group; acquire()
+  // still returns the groups already assigned to it, then nullopt.
+  void leave();
+  // After leave() and draining. The host returns once every rank closed.
+  void close();
+
+  int rank() const { return rank_; }
+  int host_rank() const { return host_; }
+  bool is_host() const { return rank_ == host_; }
+  const GroupGeneratorOptions& options() const { return options_; }
+  // Engine statistics: host only (elsewhere InvalidArgument).
+  GroupGeneratorStats engine_stats() const;
+  // This rank's groups, oldest first (the last kHistoryLimit), and the
+  // latency of its acquire() calls in milliseconds.
+  std::vector<ExecutedGroup> history() const;
+  std::vector<double> acquire_latencies_ms() const;
+
+  static constexpr std::size_t kHistoryLimit = 100000;
+
+ private:
+  struct Delivery {
+    int rank = -1;
+    std::vector<std::int64_t> message;
+  };
+
+  // Client side.
+  std::vector<std::int64_t> ask(std::int64_t kind, std::int64_t group_id, bool expect_reply);
+  void record_acquired(const Group& group, std::chrono::steady_clock::time_point asked);
+
+  // Host side (under mutex_ unless noted).
+  std::vector<Delivery> handle(int sender, const std::vector<std::int64_t>& message);
+  std::vector<Delivery> wake_waiters();
+  std::vector<Delivery> deliver(int rank, const GroupReply& reply);
+  void send_deliveries(const std::vector<Delivery>& deliveries);  // without mutex_
+  void serve();  // the service thread
+  void rethrow_if_failed() const;
+  bool all_closed() const;
+
+  std::vector<std::int64_t> encode(std::int64_t kind, std::int64_t group_id,
+                                   const std::vector<int>& ranks = {}) const;
+  Group decode_group(const std::vector<std::int64_t>& message) const;
+
+  GroupGeneratorOptions options_;
+  int rank_;
+  int host_;
+  std::unique_ptr<Communicator> control_;
+  std::size_t message_len_;
+
+  // Host state.
+  std::optional<GroupGeneratorEngine> engine_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<bool> closed_;
+  std::optional<GroupReply> local_reply_;  // a granted group for the host's own waiting acquire
+  std::exception_ptr failure_;
+  std::mutex send_mutex_;
+  std::thread server_;
+  std::atomic<bool> stopping_{false};  // the destructor ends the service early
+
+  // This rank's record.
+  mutable std::mutex record_mutex_;
+  std::vector<ExecutedGroup> history_;
+  std::vector<double> latencies_ms_;
+  std::optional<std::uint64_t> executing_;
+  bool left_ = false;
+  bool closed_self_ = false;
+};
+
+}  // namespace bagua

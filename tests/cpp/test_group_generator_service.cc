@@ -1,0 +1,161 @@
+// The group generator service with ranks as threads: every rank requests
+// groups, P-Reduces a vector within each, stops after its own number of
+// requests and drains. Checks the invariants of design/ripples.md 5.7 that
+// the service is responsible for: every group completes (I4), the logs agree
+// (I3: each id in exactly its members' histories, increasing per rank), no
+// rank in two groups at once (I0), the sum over ranks conserved.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "bagua/comm/communicator.h"
+#include "bagua/runtime/group_generator_service.h"
+#include "rank_threads.h"
+
+using namespace bagua;
+
+namespace {
+
+struct RankLog {
+  std::vector<ExecutedGroup> history;
+  std::vector<double> value;
+};
+
+// Each rank takes `requests_of(rank)` groups, then leaves and drains.
+std::vector<RankLog> run_service(int world, GroupGeneratorOptions options,
+                                 const std::function<int(int)>& requests_of) {
+  std::vector<RankLog> logs(static_cast<std::size_t>(world));
+  options.world_size = world;
+  testing::run_ranks(
+      world,
+      [&](Communicator& comm) {
+        GroupGeneratorService service(comm, options);
+        auto& log = logs[static_cast<std::size_t>(comm.rank())];
+        log.value.assign(33, static_cast<double>(comm.rank() * comm.rank()));
+        const TensorView view{log.value.data(), 33, DType::kFloat64, {}};
+        auto run = [&](const Group& group) {
+          comm.partial_allreduce(view, view, group.ranks, ReduceOp::kAvg, group.id, true);
+          service.complete(group.id);
+        };
+        for (int i = 0; i < requests_of(comm.rank()); ++i) {
+          auto group = service.acquire();
+          REQUIRE(group.has_value());
+          run(*group);
+          // Uneven pace: odd ranks take longer between requests.
+          if (comm.rank() % 2 == 1) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        }
+        service.leave();
+        while (auto group = service.acquire()) run(*group);
+        service.close();
+        log.history = service.history();
+      },
+      std::chrono::seconds(30));
+  return logs;
+}
+
+void check_invariants(const std::vector<RankLog>& logs) {
+  std::map<std::uint64_t, std::vector<int>> seen;  // id -> ranks that executed it
+  std::map<std::uint64_t, std::vector<int>> members;
+  double sum = 0, expected = 0;
+  for (std::size_t r = 0; r < logs.size(); ++r) {
+    const auto& history = logs[r].history;
+    for (std::size_t i = 0; i < history.size(); ++i) {
+      const auto& g = history[i];
+      seen[g.group.id].push_back(static_cast<int>(r));
+      if (members.count(g.group.id) != 0) CHECK(members[g.group.id] == g.group.ranks);
+      members[g.group.id] = g.group.ranks;
+      CHECK(std::count(g.group.ranks.begin(), g.group.ranks.end(), static_cast<int>(r)) == 1);
+      CHECK(g.t_end >= g.t_start);
+      if (i > 0) {
+        CHECK(g.group.id > history[i - 1].group.id);      // increasing ids
+        CHECK(g.t_start >= history[i - 1].t_end);          // one group at a time
+      }
+    }
+    sum += logs[r].value[0];
+    expected += static_cast<double>(r * r);
+  }
+  // Every group was executed by exactly its members: none lost or stranded.
+  for (const auto& [id, ranks] : seen) {
+    CAPTURE(id);
+    CHECK(ranks == members[id]);
+  }
+  CHECK(sum == doctest::Approx(expected).epsilon(1e-12));
+}
+
+}  // namespace
+
+TEST_CASE("group generator service: smart and random groups complete, logs agree, sum conserved") {
+  for (auto mode : {GroupGenerationMode::kSmart, GroupGenerationMode::kRandom}) {
+    for (int world : {1, 2, 3, 5}) {
+      CAPTURE(to_string(mode));
+      CAPTURE(world);
+      GroupGeneratorOptions options;
+      options.mode = mode;
+      options.group_size = 3;
+      options.seed = 11;
+      // Ranks stop at different request counts.
+      const auto logs = run_service(world, options, [](int rank) { return 20 + 7 * rank; });
+      check_invariants(logs);
+      for (int r = 0; r < world; ++r) {
+        CHECK(logs[static_cast<std::size_t>(r)].history.size() >= static_cast<std::size_t>(20 + 7 * r));
+      }
+    }
+  }
+}
+
+TEST_CASE("group generator service: smart inter-intra with a slowdown threshold on 2 nodes") {
+  GroupGeneratorOptions options;
+  options.group_size = 2;
+  options.local_size = 2;
+  options.inter_intra = true;
+  options.slowdown_threshold = 3;
+  const auto logs = run_service(4, options, [](int rank) { return rank == 3 ? 10 : 30; });
+  check_invariants(logs);
+}
+
+TEST_CASE("group generator service: misuse is InvalidArgument") {
+  testing::run_ranks(2, [&](Communicator& comm) {
+    GroupGeneratorOptions options;
+    options.world_size = 2;
+    GroupGeneratorService service(comm, options);
+    CHECK_THROWS_AS(service.complete(5), InvalidArgument);  // nothing running
+    CHECK_THROWS_AS(service.close(), InvalidArgument);      // not left
+    auto group = service.acquire();
+    REQUIRE(group.has_value());
+    CHECK_THROWS_AS(service.acquire(), InvalidArgument);  // the group still runs
+    const TensorView none{nullptr, 0, DType::kFloat32, {}};
+    comm.partial_allreduce(none, none, group->ranks, ReduceOp::kSum, group->id);
+    service.complete(group->id);
+    service.leave();
+    while (auto more = service.acquire()) service.complete(more->id);
+    service.close();
+  });
+  testing::run_ranks(2, [&](Communicator& comm) {
+    GroupGeneratorOptions options;
+    options.world_size = 3;  // not the communicator's size
+    CHECK_THROWS_AS(GroupGeneratorService(comm, options), InvalidArgument);
+  });
+}
+
+TEST_CASE("group generator service: a client whose host is gone fails within its timeout, named") {
+  auto errors = testing::run_ranks_collect_errors(
+      2,
+      [&](Communicator& comm) {
+        GroupGeneratorOptions options;
+        options.world_size = 2;
+        options.mode = GroupGenerationMode::kRandom;
+        GroupGeneratorService service(comm, options);
+        if (comm.rank() == 0) return;  // the host quits: its destructor aborts the service
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        service.acquire();
+      },
+      std::chrono::milliseconds(1500));
+  CHECK(errors[0].empty());
+  CAPTURE(errors[1]);
+  CHECK(errors[1].find("group generator on rank 1") != std::string::npos);
+  CHECK(errors[1].find("host (rank 0)") != std::string::npos);
+}
