@@ -1,0 +1,532 @@
+"""Ripples: partial all-reduce (P-Reduce) among small, changing groups of ranks.
+
+Each communication step a rank averages its weights with the members of one
+group instead of with every rank, so a slow rank holds up only the groups it
+is in. Who averages with whom comes from a group generator
+(design/ripples.md):
+
+- ``"static"``: a conflict-free schedule every rank computes alone
+  (:func:`static_schedule`): no messages, but a slow rank drags its groups;
+- ``"random"``: Ripples' basic generator, a random group of ``group_size``
+  around the requester, granted once its members are free;
+- ``"smart"``: group buffers and global division of the idle ranks, with the
+  slowdown filter (``slowdown_threshold``) that keeps ranks that fell behind
+  out of the fast ranks' groups, and inter-intra phases on several nodes.
+
+The random and smart generators run as a service on rank 0 (a C++ thread,
+``GroupGenerator``); the P-Reduce is point-to-point traffic among the members
+(``bagua.torch_api.partial_allreduce``): no communicator per group.
+
+``abort(model)`` may be called by each rank at its own step count: the rank
+stops training with the others but still executes the groups already
+assigned to it (static: the scheduled steps up to the last rank's final
+step), so nobody waits for it in vain. ``resume(model)`` is collective.
+"""
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Callable, List, NamedTuple, Optional
+
+import torch
+
+from bagua.torch_api import InvalidArgumentError, get_local_size, partial_allreduce_inplace
+from bagua.torch_api._core import core
+from bagua.torch_api.algorithms._ripples_engine import GroupGeneratorEngine, static_schedule
+from bagua.torch_api.algorithms.base import (
+    Algorithm,
+    AlgorithmImpl,
+    check_choice,
+    check_flags,
+    check_integer,
+    do_nothing,
+    weight_tensors,
+)
+
+__all__ = ["PartialAllReduceAlgorithm", "PartialAllReduceAlgorithmImpl", "GroupGenerator",
+           "GroupGeneratorEngine", "Group", "static_schedule"]
+
+GENERATORS = ("static", "random", "smart")
+_log = logging.getLogger(__name__)
+
+
+class Group(NamedTuple):
+    """A group of ranks to P-Reduce together; ``id`` orders the groups."""
+
+    id: int
+    ranks: List[int]
+
+
+class GroupGenerator:
+    """The group generator service (collective to construct): rank
+    ``host_rank`` runs the engine on a C++ thread and answers every rank.
+
+    ``with gen.acquire() as group:`` blocks until this rank's next group can
+    run; leaving the block completes it. ``close(drain)`` leaves: ``drain``
+    runs every group still assigned to this rank, then the rank closes (the
+    host returns once every rank closed).
+    """
+
+    def __init__(self, group_size: int = 3, mode: str = "smart", slowdown_threshold: Optional[int] = None,
+                 inter_intra: Optional[bool] = None, seed: int = 0, process_group=None,
+                 local_size: Optional[int] = None, host_rank: int = 0):
+        from bagua.torch_api.communication import _get_default_group
+        group = process_group or _get_default_group()
+        world = group.get_size()
+        check_integer("GroupGenerator", "group_size", group_size, 2)
+        check_choice("GroupGenerator", "mode", mode, ("random", "smart"))
+        if slowdown_threshold is not None:
+            check_integer("GroupGenerator", "slowdown_threshold", slowdown_threshold, 1)
+        local_size = local_size or get_local_size() or world
+        if inter_intra is None:
+            inter_intra = mode == "smart" and local_size < world
+        check_flags("GroupGenerator", inter_intra=inter_intra)
+        if mode != "smart" and (inter_intra or slowdown_threshold is not None):
+            raise InvalidArgumentError(
+                f"GroupGenerator: inter_intra and slowdown_threshold need mode 'smart', got mode {mode!r}")
+        self.world_size = world
+        self._service = core.GroupGeneratorService(
+            group.get_global_communicator(), group_size=group_size, mode=mode,
+            slowdown_threshold=slowdown_threshold, local_size=min(local_size, world),
+            inter_intra=inter_intra, seed=seed, host_rank=host_rank)
+        self._closed = False
+
+    def acquire_group(self) -> Optional[Group]:
+        """This rank's next group (blocking), or None once it left and
+        drained. Call :meth:`complete` after executing it."""
+        got = self._service.acquire()
+        return None if got is None else Group(got[0], list(got[1]))
+
+    def complete(self, group: Group) -> None:
+        self._service.complete(group.id)
+
+    @contextlib.contextmanager
+    def acquire(self):
+        group = self.acquire_group()
+        if group is None:
+            raise InvalidArgumentError("GroupGenerator.acquire: this rank has left (close was called)")
+        yield group
+        self.complete(group)
+
+    def close(self, drain: Optional[Callable[[Group], None]] = None) -> None:
+        if self._closed:
+            return
+        self._service.leave()
+        while True:
+            group = self.acquire_group()
+            if group is None:
+                break
+            if drain is not None:
+                drain(group)
+            self.complete(group)
+        self._service.close()
+        self._closed = True
+
+    def history(self) -> list:
+        """[(id, ranks, t_start, t_end)] of the groups this rank executed
+        (time.monotonic() seconds), oldest first."""
+        return [(i, list(r), s, e) for i, r, s, e in self._service.history()]
+
+    def stats(self) -> dict:
+        history = self._service.history()
+        sizes = [len(r) for _, r, _, _ in history]
+        latencies = sorted(self._service.acquire_latencies_ms())
+
+        def quantile(q):
+            return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
+
+        stats = {"requests": len(history), "solo": sum(1 for s in sizes if s == 1),
+                 "mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0,
+                 "request_latency_ms": {"p50": quantile(0.5), "p99": quantile(0.99)}}
+        if self._service.rank == self._service.host_rank:
+            stats["engine"] = dict(self._service.engine_stats())
+            stats["max_buffer_len"] = stats["engine"]["max_buffer_len"]
+        return stats
+
+
+class _StaticProgress:
+    """For the static schedule: when may a rank that stopped training stop
+    P-Reducing? A background allreduce (every ``interval_s``) of the largest
+    step any rank trained and of the number of ranks that stopped. A stopped
+    rank executes its scheduled groups for every step some rank reached, and
+    stops once all ranks stopped past the last of them: then every step up to
+    the last rank's final step ran on every rank, and no group misses a
+    member."""
+
+    def __init__(self, communicator, interval_s: float = 0.005):
+        self._comm = communicator
+        self._interval_s = interval_s
+        self.trained = 0  # this rank's step, set before its P-Reduce
+        self.stopped = False
+        self.max_trained = 0
+        self.all_stopped = False
+        self._error = None
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="bagua-static-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        mine = torch.zeros(2, dtype=torch.int64)
+        view = core.TensorView(mine.data_ptr(), 2, "int64", "cpu")
+        count = torch.zeros(1, dtype=torch.int64)
+        count_view = core.TensorView(count.data_ptr(), 1, "int64", "cpu")
+        try:
+            while True:
+                mine[0] = self.trained
+                count[0] = int(self.stopped)
+                self._comm.allreduce(view, view, "max")
+                self._comm.allreduce(count_view, count_view, "sum")
+                with self._changed:
+                    self.max_trained = int(mine[0])
+                    self.all_stopped = int(count[0]) == self._comm.size
+                    self._changed.notify_all()
+                if self.all_stopped:
+                    return
+                time.sleep(self._interval_s)
+        except Exception as error:  # noqa: BLE001 - surfaced to the training thread
+            with self._changed:
+                self._error = error
+                self._changed.notify_all()
+
+    def next_drain_step(self, step: int, timeout_s: float) -> bool:
+        """For a stopped rank about to consider ``step``: True to execute it,
+        False when every rank stopped before it."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                if step <= self.max_trained:
+                    return True
+                if self.all_stopped:
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"PartialAllReduce static drain: no progress of the other ranks "
+                                       f"within {timeout_s} s at step {step}")
+                self._changed.wait(left)
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
+    def __init__(self, process_group, group_size: int = 3, group_generator: str = "smart",
+                 slowdown_threshold: Optional[int] = None, inter_intra: Optional[bool] = None,
+                 communication_interval: int = 1, overlap: bool = True, warmup_steps: int = 0,
+                 seed: int = 0):
+        super().__init__(process_group)
+        world = process_group.get_size()
+        if group_size > world:
+            raise InvalidArgumentError(
+                f"PartialAllReduceAlgorithm: group_size {group_size} exceeds the world size {world}")
+        if slowdown_threshold is not None and group_size >= world:
+            _log.warning("PartialAllReduceAlgorithm: group_size %d >= world size %d: every group is global "
+                         "and the slowdown filter cannot act", group_size, world)
+        self.group_size = group_size
+        self.mode = group_generator
+        self.slowdown_threshold = slowdown_threshold
+        self.inter_intra = inter_intra
+        self.communication_interval = communication_interval
+        self.overlap = overlap
+        self.warmup_steps = warmup_steps
+        self.seed = seed
+        self.local_size = min(get_local_size() or world, world)
+        self.partial = warmup_steps == 0
+        self.steps_done = 0
+        self._comm = None        # the P-Reduces' communicator
+        self._generator = None   # random / smart
+        self._progress = None    # static
+        self._aborted = False
+        self._inflight = None    # overlap: (thread, buffers, result)
+        self._history: List[tuple] = []
+        self._waited_s = 0.0
+
+    # -- phases and tensors ------------------------------------------------
+    def need_reset(self) -> bool:
+        if not self.partial and self.steps_done >= self.warmup_steps:
+            self.partial = True
+            return True
+        return False
+
+    def ranks_share_weights(self) -> bool:
+        return False
+
+    def init_tensors(self, bagua_ddp) -> List:
+        if not self.partial:
+            return super().init_tensors(bagua_ddp)
+        self._start(bagua_ddp)
+        return weight_tensors(bagua_ddp)
+
+    def init_operations(self, bagua_ddp, bucket):
+        bucket.clear_ops()
+        if not self.partial:
+            bucket.append_centralized_synchronous_op(hierarchical=False, average=True,
+                                                     group=self.process_group)
+
+    def _start(self, bagua_ddp) -> None:
+        """Collective: the communicator and the generator of the P-Reduce phase."""
+        if self._comm is not None:
+            return
+        self._comm = self.process_group.new_dedicated_communicator()
+        self._aborted = False
+        if self.mode == "static":
+            self._progress = _StaticProgress(self.process_group.new_dedicated_communicator())
+        else:
+            self._generator = GroupGenerator(
+                self.group_size, self.mode, self.slowdown_threshold, self.inter_intra, self.seed,
+                process_group=self.process_group, local_size=self.local_size)
+
+    # -- the step -----------------------------------------------------------
+    def _is_communication_step(self, step: int) -> bool:
+        return (step - 1) % self.communication_interval == 0
+
+    def init_forward_pre_hook(self, bagua_ddp):
+        def hook(inputs):
+            if not self.partial or self._aborted or not self.overlap:
+                return
+            step = bagua_ddp.step_counter
+            if self._is_communication_step(step):
+                self._begin_reduce(bagua_ddp, step)
+
+        return hook
+
+    def init_backward_hook(self, bagua_ddp):
+        return do_nothing if self.partial else super().init_backward_hook(bagua_ddp)
+
+    def init_post_backward_hook(self, bagua_ddp):
+        if not self.partial:
+            return super().init_post_backward_hook(bagua_ddp)
+
+        def hook():
+            # overlap: the average of the weights the gradient was taken at;
+            # the optimizer then applies that gradient to it (D-PSGD order).
+            self._finish_reduce(bagua_ddp)
+
+        return hook
+
+    def init_post_optimizer_step_hook(self, bagua_ddp):
+        def hook(optimizer):
+            self.steps_done = bagua_ddp.step_counter
+            if not self.partial or self._aborted or self.overlap:
+                return
+            if optimizer is not bagua_ddp.optimizers[-1]:
+                return
+            step = bagua_ddp.step_counter
+            if self._is_communication_step(step):
+                self._begin_reduce(bagua_ddp, step)
+                self._finish_reduce(bagua_ddp)
+
+        return hook
+
+    def _begin_reduce(self, bagua_ddp, step: int) -> None:
+        """Snapshots the weights and P-Reduces the snapshot on a thread (the
+        group's request included): training reads the weights meanwhile."""
+        params = [p for _, p in bagua_ddp.bagua_build_params()]
+        buffers = _flatten_by_dtype(params)
+        result = {}
+
+        def run():
+            try:
+                result["group"] = self._reduce(buffers, step)
+            except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
+                result["error"] = error
+
+        thread = threading.Thread(target=run, name="bagua-partial-allreduce", daemon=True)
+        thread.start()
+        self._inflight = (thread, params, buffers, result)
+
+    def _finish_reduce(self, bagua_ddp) -> None:
+        if self._inflight is None:
+            return
+        thread, params, buffers, result = self._inflight
+        self._inflight = None
+        started = time.monotonic()
+        thread.join()
+        self._waited_s += time.monotonic() - started
+        if "error" in result:
+            raise result["error"]
+        with torch.no_grad():
+            _unflatten_into(buffers, params)
+
+    def _reduce(self, buffers, step: int):
+        """One group's P-Reduce of ``buffers`` (this rank's weights), logged."""
+        if self._generator is not None:
+            group = self._generator.acquire_group()
+            if group is None:
+                return None
+        else:
+            self._progress.trained = step
+            group = Group(step, static_schedule(self._comm.rank, (step - 1) // self.communication_interval,
+                                                self._comm.size, self.local_size))
+        self._execute(group, buffers, step)
+        if self._generator is not None:
+            self._generator.complete(group)
+        return group
+
+    def _execute(self, group: Group, buffers, step: int) -> None:
+        start = time.monotonic()
+        if len(group.ranks) > 1:
+            for buffer in buffers:
+                view = core.TensorView(buffer.data_ptr(), buffer.numel(), _dtype_name(buffer), "cpu")
+                self._comm.partial_allreduce(view, view, group.ranks, "avg", group.id, False)
+        self._history.append((step, group.id, list(group.ranks), start, time.monotonic()))
+        if len(self._history) > 100000:
+            del self._history[0]
+
+    # -- control --------------------------------------------------------------
+    def abort(self, bagua_ddp) -> None:
+        """Stops this rank's P-Reduces after draining the groups it still owes."""
+        if self._aborted or self._comm is None:
+            self._aborted = True
+            return
+        self._finish_reduce(bagua_ddp)
+        self._aborted = True
+        params = [p for _, p in bagua_ddp.bagua_build_params()]
+        buffers = _flatten_by_dtype(params)
+        if self._generator is not None:
+            self._generator.close(drain=lambda group: self._execute(group, buffers, -1))
+        else:
+            self._drain_static(bagua_ddp, buffers)
+        with torch.no_grad():
+            _unflatten_into(buffers, params)
+        self._comm = None
+        self._generator = None
+        self._progress = None
+
+    def _drain_static(self, bagua_ddp, buffers) -> None:
+        progress = self._progress
+        progress.stopped = True
+        timeout_s = core.env().comm_timeout_s
+        step = bagua_ddp.step_counter + 1
+        while progress.next_drain_step(step, timeout_s):
+            if self._is_communication_step(step):
+                group = Group(step, static_schedule(self._comm.rank,
+                                                    (step - 1) // self.communication_interval,
+                                                    self._comm.size, self.local_size))
+                self._execute(group, buffers, -1)
+            step += 1
+        progress.join()
+
+    def resume(self, bagua_ddp) -> None:
+        """Collective: starts P-Reducing again."""
+        self._start(bagua_ddp)
+
+    def shutdown(self, bagua_ddp) -> None:
+        try:
+            self.abort(bagua_ddp)
+        except Exception as error:  # noqa: BLE001 - a peer gone: nothing left to drain with
+            _log.warning("PartialAllReduceAlgorithm: draining at shutdown: %s", error)
+
+    def history(self) -> List[tuple]:
+        return list(self._history)
+
+    def stats(self) -> dict:
+        stats = self._generator.stats() if self._generator is not None else {}
+        sizes = [len(h[2]) for h in self._history]
+        stats.update({"executed": len(self._history), "executed_solo": sum(1 for s in sizes if s == 1),
+                      "executed_mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0,
+                      "waited_s": self._waited_s,
+                      "reduce_s": sum(h[4] - h[3] for h in self._history)})
+        return stats
+
+
+def _dtype_name(tensor) -> str:
+    from bagua.torch_api._core import dtype_name
+    return dtype_name(tensor.dtype)
+
+
+def _flatten_by_dtype(params) -> List[torch.Tensor]:
+    """One flat copy of the weights per dtype, in parameter order."""
+    by_dtype = {}
+    for p in params:
+        by_dtype.setdefault(p.dtype, []).append(p.detach().reshape(-1))
+    return [torch.cat(chunks) for chunks in by_dtype.values()]
+
+
+def _unflatten_into(buffers, params) -> None:
+    offsets = {}
+    index = {}
+    for p in params:
+        if p.dtype not in index:
+            index[p.dtype] = len(index)
+            offsets[p.dtype] = 0
+        buffer = buffers[index[p.dtype]]
+        n = p.numel()
+        p.data.copy_(buffer[offsets[p.dtype]:offsets[p.dtype] + n].view_as(p))
+        offsets[p.dtype] += n
+
+
+class PartialAllReduceAlgorithm(Algorithm):
+    def __init__(self, group_size: int = 3, group_generator: str = "smart",
+                 slowdown_threshold: Optional[int] = None, inter_intra: Optional[bool] = None,
+                 communication_interval: int = 1, overlap: bool = True, warmup_steps: int = 0,
+                 seed: int = 0):
+        """
+        Args:
+            group_size: the largest group (an int >= 2); the static schedule ignores it.
+            group_generator: "static", "random" (Ripples' basic generator) or "smart".
+            slowdown_threshold: smart only: a rank that made this many fewer requests
+                than the one dividing is left out of its groups (None: no filter).
+            inter_intra: smart only: alternate groups across nodes (one head per node)
+                and within nodes; None: on when LOCAL_WORLD_SIZE < world size.
+            communication_interval: P-Reduce every k-th step.
+            overlap: P-Reduce during forward and backward and adopt the average before the
+                optimizer step (False: after the optimizer step, blocking).
+            warmup_steps: GradientAllReduce steps first.
+            seed: the generator's random seed.
+        """
+        name = type(self).__name__
+        check_integer(name, "group_size", group_size, 2)
+        check_choice(name, "group_generator", group_generator, GENERATORS)
+        if slowdown_threshold is not None:
+            check_integer(name, "slowdown_threshold", slowdown_threshold, 1)
+            if group_generator != "smart":
+                raise InvalidArgumentError(
+                    f"{name}: slowdown_threshold needs group_generator 'smart', got {group_generator!r}")
+        if inter_intra is not None:
+            check_flags(name, inter_intra=inter_intra)
+            if inter_intra and group_generator != "smart":
+                raise InvalidArgumentError(
+                    f"{name}: inter_intra needs group_generator 'smart', got {group_generator!r}")
+        check_integer(name, "communication_interval", communication_interval, 1)
+        check_flags(name, overlap=overlap)
+        check_integer(name, "warmup_steps", warmup_steps, 0)
+        check_integer(name, "seed", seed, 0)
+        self.group_size = group_size
+        self.group_generator = group_generator
+        self.slowdown_threshold = slowdown_threshold
+        self.inter_intra = inter_intra
+        self.communication_interval = communication_interval
+        self.overlap = overlap
+        self.warmup_steps = warmup_steps
+        self.seed = seed
+
+    def reify(self, process_group) -> PartialAllReduceAlgorithmImpl:
+        return PartialAllReduceAlgorithmImpl(
+            process_group, self.group_size, self.group_generator, self.slowdown_threshold,
+            self.inter_intra, self.communication_interval, self.overlap, self.warmup_steps, self.seed)
+
+    @staticmethod
+    def _impl(bagua_module) -> PartialAllReduceAlgorithmImpl:
+        return bagua_module.bagua_ddp.bagua_algorithm_impl
+
+    def abort(self, bagua_module) -> None:
+        """This rank stops P-Reducing, after executing the groups it still owes
+        (any rank, any step count); training goes on locally."""
+        self._impl(bagua_module).abort(bagua_module.bagua_ddp)
+
+    def resume(self, bagua_module) -> None:
+        """Collective: P-Reduce again."""
+        self._impl(bagua_module).resume(bagua_module.bagua_ddp)
+
+    def history(self, bagua_module) -> List[tuple]:
+        """[(step, group_id, ranks, t_start, t_end)] this rank executed
+        (step -1: drained after abort), oldest first, the last 100000."""
+        return self._impl(bagua_module).history()
+
+    def stats(self, bagua_module) -> dict:
+        """The generator's statistics (random/smart) and this rank's: groups
+        executed, solo ones, mean size, seconds waited for and spent in P-Reduce."""
+        return self._impl(bagua_module).stats()

@@ -1,0 +1,120 @@
+"""Ripples on processes (design/ripples.md, section 5): the P-Reduce
+primitive against a float64 mean, the group generator service from Python,
+and PartialAllReduceAlgorithm's training invariants: I0 exclusion, I1
+serialisability (lr = 0: the final weights are the serial replay of the
+logged groups), I2 conservation (plain SGD: the sum of the weights moves by
+exactly lr times the sum of the gradients), I3 log consistency, I4 liveness
+(ranks stopping at different steps all finish)."""
+
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher import run_workers
+
+WORKERS = Path(__file__).with_name("partial_workers.py")
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_primitive_matches_the_members_mean(world_size, tmp_path):
+    results = run_workers("primitive", world_size, tmp_path, script=WORKERS)
+    rounds = len(results[0]["rounds"])
+    for i in range(rounds):
+        for group in results[0]["rounds"][i]["groups"]:
+            if not group:
+                continue
+            inputs = [results[r]["rounds"][i]["input"].double() for r in group]
+            mean = sum(inputs) / len(group)
+            dtype = results[group[0]]["rounds"][i]["dtype"]
+            tol = {"torch.float32": 1e-6, "torch.float64": 1e-12}.get(dtype, 1e-2)
+            scale = 1 + max((x.abs().max().item() if x.numel() else 0) for x in inputs)
+            first = results[group[0]]["rounds"][i]["output"]
+            for r in group:
+                out = results[r]["rounds"][i]["output"]
+                assert torch.equal(out, first), (i, r)  # bit-identical members
+                if out.numel():
+                    assert (out.double() - mean).abs().max().item() <= tol * scale * len(group), (i, dtype)
+    for r in results:
+        assert r["all_vs_allreduce"] < 1e-12
+        assert all(e is not None for e in r["errors"]), r["errors"]
+        assert torch.allclose(r["repeated"], torch.full((10,), (world_size - 1) / 2))
+
+
+@pytest.mark.parametrize("mode,world_size", [("smart", 4), ("random", 3), ("smart", 5)])
+def test_group_generator_service_from_python(mode, world_size, tmp_path):
+    results = run_workers("service", world_size, tmp_path, args=(mode, "3"), script=WORKERS)
+    total = sum(float(r * r) for r in range(world_size))
+    assert abs(sum(r["x"][0].item() for r in results) - total) < 1e-9  # conserved
+    members = {}
+    for rank, r in enumerate(results):
+        ids = [h[0] for h in r["history"]]
+        assert ids == sorted(set(ids))
+        assert len(ids) >= 10 + 5 * rank
+        for gid, ranks, _, _ in r["history"]:
+            assert members.setdefault(gid, ranks) == ranks
+            assert rank in ranks
+    for gid, ranks in members.items():  # each group ran on exactly its members
+        assert all(gid in [h[0] for h in results[m]["history"]] for m in ranks)
+    assert "engine" in results[0]["stats"] and results[0]["stats"]["request_latency_ms"]["p50"] >= 0
+
+
+def _replay(results):
+    """Serial replay, in group order, of x_G <- mean(x_G) from the start."""
+    x = [r["start"].clone() for r in results]
+    groups = {}
+    for r in results:
+        for step, gid, ranks, _, _ in r["history"]:
+            groups[(gid, tuple(ranks))] = ranks
+    for key in sorted(groups):
+        ranks = groups[key]
+        mean = sum(x[m] for m in ranks) / len(ranks)
+        for m in ranks:
+            x[m] = mean.clone()
+    return x
+
+
+def _check_logs(results):
+    """I0 and I3: per rank increasing ids and disjoint intervals; every group
+    in exactly its members' logs with the same members."""
+    seen = defaultdict(set)
+    for rank, r in enumerate(results):
+        last_id, last_end = -1, -1.0
+        for step, gid, ranks, t0, t1 in r["history"]:
+            assert rank in ranks
+            assert gid >= last_id and t0 >= last_end
+            last_id, last_end = gid, t1
+            seen[(gid, tuple(ranks))].add(rank)
+    for (gid, ranks), who in seen.items():
+        assert who == set(ranks), (gid, ranks, who)
+
+
+@pytest.mark.parametrize("generator,overlap,world_size", [
+    ("smart", "1", 4), ("random", "0", 3), ("static", "1", 5), ("static", "0", 4), ("smart", "0", 5),
+])
+def test_training_lr0_is_the_serial_replay(generator, overlap, world_size, tmp_path):
+    results = run_workers("train", world_size, tmp_path, args=(generator, overlap, "0"), script=WORKERS,
+                          local_size=2)
+    _check_logs(results)
+    replay = _replay(results)
+    for rank, r in enumerate(results):
+        assert (r["end"] - replay[rank]).abs().max().item() < 1e-5, rank
+    assert sum(len(r["history"]) for r in results) > 0
+
+
+@pytest.mark.parametrize("generator,overlap,world_size", [
+    ("smart", "1", 3), ("random", "1", 4), ("static", "0", 3), ("smart", "0", 4),
+])
+def test_training_conserves_the_sum_of_weights(generator, overlap, world_size, tmp_path):
+    lr = 0.05
+    results = run_workers("train", world_size, tmp_path, args=(generator, overlap, str(lr)),
+                          script=WORKERS, local_size=2)
+    _check_logs(results)
+    start = sum(r["start"] for r in results)
+    end = sum(r["end"] for r in results)
+    grads = sum(r["grad_sum"] for r in results)
+    assert (end - (start - lr * grads)).abs().max().item() < 1e-4
+    # Mixing happened: most executed groups had company.
+    stats = [r["stats"] for r in results]
+    assert sum(s["executed"] - s["executed_solo"] for s in stats) > 0
