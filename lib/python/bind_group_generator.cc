@@ -1,5 +1,6 @@
 // Ripples' group generator service (bagua/runtime/group_generator_service.h)
-// for bagua.torch_api.algorithms.partial_allreduce: groups cross as
+// and the low-precision P-Reduce (bagua/ops/low_precision_partial_allreduce.h)
+// for bagua.torch_api.algorithms.partial_allreduce. Groups cross as
 // (id, ranks) tuples, the history as tuples, so that this unit needs no
 // class of the engine's binding.
 #include <pybind11/stl.h>
@@ -7,6 +8,7 @@
 #include <optional>
 #include <tuple>
 
+#include "bagua/ops/low_precision_partial_allreduce.h"
 #include "bagua/runtime/group_generator_service.h"
 #include "bindings.h"
 
@@ -34,6 +36,13 @@ GroupGeneratorOptions service_options(int world_size, int group_size, const std:
 }  // namespace
 
 void bind_group_generator(py::module_& m) {
+  m.def(
+      "low_precision_partial_allreduce",
+      [](Communicator& comm, const TensorView& buffer, const std::vector<int>& members,
+         std::uint64_t group_id) {
+        low_precision_partial_allreduce(comm, buffer, members, group_id);
+      },
+      py::arg("comm"), py::arg("buffer"), py::arg("members"), py::arg("group_id"), ReleaseGil());
   py::class_<GroupGeneratorService, std::shared_ptr<GroupGeneratorService>>(
       m, "GroupGeneratorService")
       .def(py::init([](Communicator& comm, int group_size, const std::string& mode,

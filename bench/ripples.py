@@ -1,0 +1,166 @@
+"""Ripples under a straggler: throughput of P-Reduce (smart, random and static
+group generation) against GradientAllReduce and AsyncModelAverage, in one run.
+
+As in the Ripples paper, compute is emulated by sleeping, so CPU ranks do not
+fight over cores: every rank sleeps --compute-ms per step (after a real step
+of a small MLP) and the last rank s times as long, for each slowdown s of
+--slowdowns. Each (algorithm, s) runs in the same processes, one after the
+other, for --seconds of wall time per rank (GradientAllReduce, whose ranks
+must take equal step counts: the steps the straggler takes in that time).
+
+Reported per (algorithm, s): aggregate samples/s over all ranks, the fast
+ranks' median steps/s, the straggler's steps/s, the share of the
+straggler's P-Reduces with company, and the ratios to GradientAllReduce at
+the same s. The ideal of a straggler-immune algorithm is ((n-1)s+1)/n times
+All-Reduce's aggregate throughput.
+
+    /usr/bin/python3 bench/ripples.py [--world-size 4 --slowdowns 1,2,3,6]
+
+Writes bench/results/ripples.json.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import launch, machine  # noqa: E402
+
+ALGORITHMS = ["gradient_allreduce", "smart", "random", "static", "async_model_average"]
+BATCH = 32
+
+
+def _make(name, world):
+    from bagua.torch_api.algorithms import async_model_average, gradient_allreduce
+    from bagua.torch_api.algorithms.partial_allreduce import PartialAllReduceAlgorithm
+
+    if name == "gradient_allreduce":
+        return gradient_allreduce.GradientAllReduceAlgorithm()
+    if name == "async_model_average":
+        return async_model_average.AsyncModelAverageAlgorithm(sync_interval_ms=50)
+    if name == "smart":
+        return PartialAllReduceAlgorithm(group_size=min(3, world), group_generator="smart", slowdown_threshold=5)
+    return PartialAllReduceAlgorithm(group_size=min(3, world), group_generator=name)
+
+
+def _run(name, args, rank, world, slowdown):
+    import torch
+    import torch.nn.functional as F
+
+    import bagua.torch_api as bagua
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    algorithm = _make(name, world)
+    model = model.with_bagua([opt], algorithm)
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(BATCH, 64, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+    sleep_s = args.compute_ms / 1000 * (slowdown if rank == world - 1 else 1)
+    # GradientAllReduce's ranks must agree on a step count: the straggler's.
+    fixed_steps = None
+    if name == "gradient_allreduce":
+        fixed_steps = max(2, int(args.seconds / (args.compute_ms / 1000 * slowdown)))
+    bagua.barrier()
+    start = time.perf_counter()
+    steps = 0
+    while (steps < fixed_steps) if fixed_steps else (time.perf_counter() - start < args.seconds):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        time.sleep(sleep_s)
+        steps += 1
+    seconds = time.perf_counter() - start
+    company = None
+    if hasattr(algorithm, "abort"):
+        algorithm.abort(model)
+    if hasattr(algorithm, "history"):
+        history = [h for h in algorithm.history(model) if h[0] > 0]
+        company = sum(1 for h in history if len(h[2]) > 1) / max(1, len(history))
+    model.without_bagua()
+    row = torch.tensor([[steps, seconds, -1.0 if company is None else company]], dtype=torch.float64)
+    rows = torch.zeros(world, 3, dtype=torch.float64)
+    bagua.allgather(row.reshape(-1), rows.reshape(-1))
+    bagua.barrier()
+    return rows.tolist()
+
+
+def worker(args):
+    import torch
+
+    import bagua.torch_api as bagua
+
+    torch.set_num_threads(1)
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    results = []
+    for slowdown in args.slowdowns:
+        for name in args.algorithms:
+            per_rank = _run(name, args, rank, world, slowdown)
+            results.append({"algorithm": name, "slowdown": slowdown, "per_rank": per_rank})
+            if rank == 0:
+                print(f"  s={slowdown} {name}: done", flush=True)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(results))
+
+
+def summarize(raw, world, batch=BATCH):
+    rows = []
+    for entry in raw:
+        per_rank = entry["per_rank"]
+        rates = [steps / seconds for steps, seconds, _ in per_rank]
+        rows.append({"algorithm": entry["algorithm"], "slowdown": entry["slowdown"],
+                     "samples_per_s": sum(rates) * batch,
+                     "fast_steps_per_s": statistics.median(rates[:-1]) if world > 1 else rates[0],
+                     "straggler_steps_per_s": rates[-1],
+                     "straggler_company": per_rank[-1][2] if per_rank[-1][2] >= 0 else None})
+    for row in rows:
+        base = next(r for r in rows if r["algorithm"] == "gradient_allreduce" and r["slowdown"] == row["slowdown"])
+        s1 = next((r for r in rows if r["algorithm"] == row["algorithm"] and r["slowdown"] == 1), None)
+        row["throughput_vs_gradient_allreduce"] = row["samples_per_s"] / base["samples_per_s"]
+        row["ideal_vs_gradient_allreduce"] = ((world - 1) * row["slowdown"] + 1) / world
+        row["fast_rate_kept_vs_s1"] = row["fast_steps_per_s"] / s1["fast_steps_per_s"] if s1 else None
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--local-size", type=int, default=0, help="ranks per simulated node (default: all)")
+    parser.add_argument("--slowdowns", type=lambda t: [float(v) for v in t.split(",")], default=[1, 2, 3, 6])
+    parser.add_argument("--algorithms", type=lambda t: t.split(","), default=ALGORITHMS)
+    parser.add_argument("--compute-ms", type=float, default=20.0, help="emulated compute per step")
+    parser.add_argument("--seconds", type=float, default=4.0, help="wall time per (algorithm, s) and rank")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "ripples.json"))
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+
+    import tempfile
+
+    worker_args = ["--slowdowns", ",".join(str(s) for s in args.slowdowns), "--algorithms",
+                   ",".join(args.algorithms), "--compute-ms", str(args.compute_ms), "--seconds", str(args.seconds)]
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = launch(__file__, args.world_size, Path(tmp) / "ripples.json", worker_args, args.local_size)
+    rows = summarize(raw, args.world_size)
+    print(f"{args.world_size} ranks, {args.compute_ms:.0f} ms emulated compute per step, "
+          f"rank {args.world_size - 1} s times slower")
+    print(f"{'s':>3} {'algorithm':>20} {'samples/s':>10} {'x GA':>6} {'ideal':>6} {'fast st/s':>10} "
+          f"{'kept vs s=1':>11} {'slow st/s':>10} {'slow w/ company':>15}")
+    for r in rows:
+        kept = "" if r["fast_rate_kept_vs_s1"] is None else f"{r['fast_rate_kept_vs_s1']:.2f}"
+        company = "" if r["straggler_company"] is None else f"{r['straggler_company']:.2f}"
+        print(f"{r['slowdown']:3.0f} {r['algorithm']:>20} {r['samples_per_s']:10.0f} "
+              f"{r['throughput_vs_gradient_allreduce']:6.2f} {r['ideal_vs_gradient_allreduce']:6.2f} "
+              f"{r['fast_steps_per_s']:10.1f} {kept:>11} {r['straggler_steps_per_s']:10.1f} {company:>15}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": machine(), "config": vars(args), "results": rows}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
