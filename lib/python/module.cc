@@ -11,6 +11,7 @@ PYBIND11_MODULE(bagua_core, m) {
   bp::bind_ops(m);
   bp::bind_backend(m);
   bp::bind_bluefog(m);
+  bp::bind_ripples(m);
 
   auto testing =
       m.def_submodule("_testing",
