@@ -492,3 +492,21 @@ TEST_CASE("group generator: same seed and calls give the same groups") {
     }
   }
 }
+
+TEST_CASE("group generator: a rank waiting on a group whose initiator leaves draws its own") {
+  GroupGeneratorEngine engine(random_mode(3, 3));
+  const Group g1 = run_once(engine, 0);
+  CHECK(engine.request(0).kind == ReplyKind::kWait);  // pending {0, 1, 2}, started by 0
+  CHECK(run_once(engine, 1) == g1);
+  CHECK(engine.request(1).kind == ReplyKind::kWait);  // in rank 0's pending group
+  CHECK(engine.pending().size() == 1);
+  engine.leave(0);
+  CHECK(engine.poll(0).kind == ReplyKind::kDone);
+  REQUIRE(engine.pending().size() == 1);
+  CHECK(engine.pending()[0].ranks == Ranks{1, 2});  // rank 1's own draw (2 holds g1)
+  CHECK(engine.poll(1).kind == ReplyKind::kWait);
+  CHECK(run_once(engine, 2) == g1);
+  const Group g2 = group_of(engine.poll(1));
+  CHECK(g2.ranks == Ranks{1, 2});
+  CHECK(g2.id == 2);
+}
