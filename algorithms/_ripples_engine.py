@@ -116,7 +116,8 @@ class GroupGeneratorEngine:
             slowdown_threshold = _int("slowdown_threshold", slowdown_threshold, 1)
             if mode != "smart":
                 raise ValueError(
-                    f"slowdown_threshold = {slowdown_threshold} needs mode 'smart', got mode {mode!r}"
+                    f"slowdown_threshold = {slowdown_threshold} needs mode 'smart', "
+                    f"got mode {mode!r}"
                 )
         if local_size is not None:
             local_size = _int("local_size", local_size, 1)
