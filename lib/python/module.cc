@@ -12,6 +12,7 @@ PYBIND11_MODULE(bagua_core, m) {
   bp::bind_backend(m);
   bp::bind_bluefog(m);
   bp::bind_group_generator(m);
+  bp::bind_ripples(m);
 
   auto testing =
       m.def_submodule("_testing",

@@ -132,6 +132,12 @@ void GroupGeneratorEngine::leave(int rank) {
   if (options_.mode != GroupGenerationMode::kRandom) return;
   std::erase_if(pending_, [rank](const Pending& p) { return p.initiator == rank; });
   for (auto& p : pending_) std::erase(p.ranks, rank);
+  // A waiting rank that was waiting for a dropped group draws its own, as its
+  // request would have done, so it does not wait forever.
+  for (int w = 0; w < options_.world_size; ++w) {
+    const auto x = static_cast<std::size_t>(w);
+    if (waiting_[x] && !left_[x] && queues_[x].empty() && !in_pending(w)) draw_random_group(w);
+  }
   grant();
 }
 

@@ -45,11 +45,16 @@ constexpr std::vector<int> static_schedule(int rank, std::int64_t step, int worl
   const int node_size = world_size - node_begin < local_size ? world_size - node_begin : local_size;
   const int phase = static_cast<int>(step % 4);
 
+  // {rank, peer} in order.
+  const auto with = [rank](int peer) {
+    std::vector<int> group{rank, peer};
+    if (peer < rank) group = {peer, rank};
+    return group;
+  };
   // {rank, local worker `other` of this node} when it exists, else {rank}.
   const auto pair = [&](int other) {
     if (other >= node_size) return std::vector<int>{rank};
-    const int peer = node_begin + other;
-    return peer < rank ? std::vector<int>{peer, rank} : std::vector<int>{rank, peer};
+    return with(node_begin + other);
   };
 
   if (phase == 1 || phase == 3) {
@@ -78,7 +83,7 @@ constexpr std::vector<int> static_schedule(int rank, std::int64_t step, int worl
   if (partner_node == node) return std::vector<int>{rank};
   const int peer = partner_node * local_size + 1;
   if (peer >= world_size) return std::vector<int>{rank};
-  return peer < rank ? std::vector<int>{peer, rank} : std::vector<int>{rank, peer};
+  return with(peer);
 }
 
 }  // namespace bagua

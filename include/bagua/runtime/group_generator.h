@@ -29,7 +29,9 @@
 //   overtaking on shared members: no starvation, pairwise order = creation
 //   order); granting gives the id and pushes G to every member's Q. Then
 //   return the head of Q_i, or kWait (the rank polls later). complete(i, id)
-//   unlocks i and grants again. At most one granted group per rank.
+//   unlocks i and grants again. At most one granted group per rank. A waiting
+//   rank is always in a pending group; only complete() and leave() can grant
+//   it, so a driver (the service) polls the ranks in waiting() after those.
 // mode smart (group buffer + global division [+ inter-intra] [+ filter]):
 //   request(i): c_i += 1; if Q_i is empty, run a global division; pop the head
 //   (never waits). idle(w) <=> not left, Q_w empty, not busy. The division set
@@ -45,8 +47,9 @@
 //   intra-phase id; Q lengths <= 2.
 // leave(i): i is never chosen again; its request returns its remaining queued
 //   groups, then kDone. Random mode removes i from pending groups (a pending
-//   group i started is dropped; a group reduced to its initiator alone is
-//   granted as a solo). Idempotent.
+//   group i started is dropped, and a waiting rank left in no pending group
+//   draws a new one; a group reduced to its initiator alone is granted as a
+//   solo). Idempotent.
 #pragma once
 
 #include <cstdint>

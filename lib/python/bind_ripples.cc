@@ -1,0 +1,123 @@
+// Ripples' network-free parts: the static schedule
+// (include/bagua/ops/static_schedule.h) and the group generator engine
+// (include/bagua/runtime/group_generator.h). The Python face with argument
+// checks and docstrings is algorithms/_ripples_engine.py.
+//
+// GroupGeneratorEngine.request / poll return a Group, None (random mode: not
+// granted yet, poll later) or the sentinel GroupGeneratorEngine.DONE. Engine
+// calls are short and never block, so they keep the GIL.
+#include <fmt/ranges.h>
+#include <pybind11/operators.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bagua/ops/static_schedule.h"
+#include "bagua/runtime/group_generator.h"
+#include "bindings.h"
+
+namespace bagua::python {
+namespace {
+
+// The type of GroupGeneratorEngine.DONE; one instance exists.
+struct GroupGeneratorDone {};
+
+py::object& done_sentinel() {
+  // Leaked on purpose: it lives as long as the interpreter, and dropping it at
+  // exit after Python finalised would touch a dead interpreter.
+  static auto* done = new py::object(py::cast(GroupGeneratorDone{}));
+  return *done;
+}
+
+py::object to_python(const GroupReply& reply) {
+  switch (reply.kind) {
+    case ReplyKind::kGroup: return py::cast(reply.group);
+    case ReplyKind::kWait: return py::none();
+    case ReplyKind::kDone: return done_sentinel();
+  }
+  return py::none();
+}
+
+py::dict to_dict(const GroupGeneratorStats& s) {
+  return py::dict(py::arg("requests") = s.requests, py::arg("groups") = s.groups,
+                  py::arg("solo") = s.solo, py::arg("mean_group_size") = s.mean_group_size,
+                  py::arg("max_buffer_len") = s.max_buffer_len, py::arg("divisions") = s.divisions);
+}
+
+}  // namespace
+
+void bind_ripples(py::module_& m) {
+  m.def(
+      "static_schedule",
+      [](int rank, std::int64_t step, int world_size, int local_size) {
+        return static_schedule(rank, step, world_size, local_size);
+      },
+      py::arg("rank"), py::arg("step"), py::arg("world_size"), py::arg("local_size"),
+      "The sorted group `rank` P-Reduces with at `step` under Ripples' static schedule "
+      "([rank] alone: no sync at this step).");
+
+  py::class_<Group>(m, "Group", "A group of ranks that P-Reduce together, with its global id.")
+      .def(py::init([](std::uint64_t id, std::vector<int> ranks) {
+             return Group{.id = id, .ranks = std::move(ranks)};
+           }),
+           py::arg("id"), py::arg("ranks"))
+      .def_readonly("id", &Group::id)
+      .def_readonly("ranks", &Group::ranks)
+      .def(py::self == py::self)
+      .def("__hash__",
+           [](const Group& g) {
+             py::tuple ranks = py::cast(g.ranks);
+             return py::hash(py::make_tuple(g.id, ranks));
+           })
+      .def("__repr__", [](const Group& g) {
+        return fmt::format("Group(id={}, ranks=[{}])", g.id, fmt::join(g.ranks, ", "));
+      });
+
+  py::class_<GroupGeneratorDone>(m, "GroupGeneratorDone",
+                                 "The type of GroupGeneratorEngine.DONE (a single instance).")
+      .def("__repr__", [](const GroupGeneratorDone&) { return "GroupGeneratorEngine.DONE"; });
+
+  using E = GroupGeneratorEngine;
+  py::class_<E> engine(m, "GroupGeneratorEngine",
+                       "Ripples' group generator as a pure state machine (no network).");
+  engine
+      .def(py::init([](int world_size, int group_size, const std::string& mode,
+                       std::optional<std::int64_t> slowdown_threshold,
+                       std::optional<int> local_size, bool inter_intra, std::uint64_t seed) {
+             return E(GroupGeneratorOptions{.world_size = world_size,
+                                            .group_size = group_size,
+                                            .mode = parse_group_generation_mode(mode),
+                                            .slowdown_threshold = slowdown_threshold,
+                                            .local_size = local_size,
+                                            .inter_intra = inter_intra,
+                                            .seed = seed});
+           }),
+           py::arg("world_size"), py::arg("group_size") = 3, py::arg("mode") = "smart",
+           py::arg("slowdown_threshold") = std::nullopt, py::arg("local_size") = std::nullopt,
+           py::arg("inter_intra") = false, py::arg("seed") = 0)
+      .def(
+          "request", [](E& e, int rank) { return to_python(e.request(rank)); }, py::arg("rank"))
+      .def(
+          "poll", [](E& e, int rank) { return to_python(e.poll(rank)); }, py::arg("rank"))
+      .def("complete", &E::complete, py::arg("rank"), py::arg("group_id"))
+      .def("leave", &E::leave, py::arg("rank"))
+      .def("lock_vector", &E::lock_vector)
+      .def("buffer", &E::buffer, py::arg("rank"))
+      .def("counters", &E::counters)
+      .def("stats", [](const E& e) { return to_dict(e.stats()); })
+      .def("waiting", &E::waiting)
+      .def("pending", &E::pending)
+      .def("executing", &E::executing, py::arg("rank"))
+      .def("has_left", &E::has_left, py::arg("rank"))
+      .def("outstanding_groups", &E::outstanding_groups)
+      .def("drained", &E::drained)
+      .def_property_readonly("world_size", &E::world_size)
+      .def_property_readonly("group_size", [](const E& e) { return e.options().group_size; })
+      .def_property_readonly("mode",
+                             [](const E& e) { return std::string(to_string(e.options().mode)); });
+  engine.attr("DONE") = done_sentinel();
+}
+
+}  // namespace bagua::python
