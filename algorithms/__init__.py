@@ -18,7 +18,8 @@ from bagua.torch_api.algorithms import (
     bytegrad,
     decentralized,
     gradient_allreduce,
+    partial_allreduce,
     q_adam,
 )
 
-__all__ = ["Algorithm", "AlgorithmImpl", "async_model_average", "bytegrad", "decentralized", "gradient_allreduce", "q_adam"]
+__all__ = ["Algorithm", "AlgorithmImpl", "async_model_average", "bytegrad", "decentralized", "gradient_allreduce", "partial_allreduce", "q_adam"]

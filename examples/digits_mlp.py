@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 import bagua.torch_api as bagua
 from bagua.torch_api.algorithms import (async_model_average, bytegrad, decentralized,
-                                        gradient_allreduce, q_adam)
+                                        gradient_allreduce, partial_allreduce, q_adam)
 
 
 def sgd(model, args):
@@ -49,7 +49,14 @@ ALGORITHMS = {
     # the ring among all ranks, no intra-node averaging first
     "low_precision_decentralized_ring": (
         sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False)),
+    # Ripples: P-Reduce in groups of up to 3 chosen by each generator
+    **{f"partial_allreduce_{generator}": (
+        sgd, lambda opt, args, generator=generator: partial_allreduce.PartialAllReduceAlgorithm(
+            group_size=3, group_generator=generator))
+       for generator in ("smart", "random", "static")},
 }
+# Evaluated on each rank's own model after abort, without a final average.
+KEEP_OWN_MODEL = {"partial_allreduce_smart", "partial_allreduce_random", "partial_allreduce_static"}
 
 
 class MLP(torch.nn.Module):
@@ -128,8 +135,10 @@ def main():
     progress.close()
     if hasattr(algorithm, "abort"):
         # Asynchronous: stop the background averaging on every rank, then
+        # (except for P-Reduce, whose ranks are judged by their own models)
         # average the weights once more so that all ranks hold one model.
         algorithm.abort(model)
+    if hasattr(algorithm, "abort") and args.algorithm not in KEEP_OWN_MODEL:
         with torch.no_grad():
             for param in model.parameters():
                 bagua.allreduce_inplace(param.data, op=bagua.ReduceOp.AVG)
