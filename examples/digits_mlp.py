@@ -55,8 +55,7 @@ ALGORITHMS = {
             group_size=3, group_generator=generator))
        for generator in ("smart", "random", "static")},
 }
-# Evaluated on each rank's own model after abort, without a final average.
-KEEP_OWN_MODEL = {"partial_allreduce_smart", "partial_allreduce_random", "partial_allreduce_static"}
+
 
 
 class MLP(torch.nn.Module):
@@ -77,6 +76,18 @@ def load_data(seed):
         x, digits.target, test_size=0.25, random_state=seed, stratify=digits.target)
     return (torch.from_numpy(x_train), torch.from_numpy(y_train).long(),
             torch.from_numpy(x_test), torch.from_numpy(y_test).long())
+
+
+def evaluate_on_every_rank(model, x_test, y_test, rank, world):
+    """The test accuracy of every rank's model (to show whether they agree)."""
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(x_test).argmax(dim=1) == y_test).float().mean().item()
+    model.train()
+    accuracies = torch.zeros(world)  # on the CPU: every backend can reduce it
+    accuracies[rank] = accuracy
+    bagua.allreduce_inplace(accuracies)
+    return accuracies
 
 
 def main():
@@ -133,32 +144,32 @@ def main():
             progress.update(1)
         progress.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.4f}")
     progress.close()
+    own_accuracies = None
     if hasattr(algorithm, "abort"):
         # Asynchronous: stop the background averaging on every rank, then
-        # (except for P-Reduce, whose ranks are judged by their own models)
-        # average the weights once more so that all ranks hold one model.
+        # average the weights once more so that all ranks hold one model
+        # (each rank's own model is evaluated first, for the record).
         algorithm.abort(model)
-    if hasattr(algorithm, "abort") and args.algorithm not in KEEP_OWN_MODEL:
+        own_accuracies = evaluate_on_every_rank(model, x_test, y_test, rank, world)
         with torch.no_grad():
             for param in model.parameters():
                 bagua.allreduce_inplace(param.data, op=bagua.ReduceOp.AVG)
     elapsed = time.perf_counter() - start
 
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(x_test).argmax(dim=1) == y_test).float().mean().item()
-    # The accuracy of every rank's model, to show they agree.
-    accuracies = torch.zeros(world)  # on the CPU: every backend can reduce it
-    accuracies[rank] = accuracy
-    bagua.allreduce_inplace(accuracies)
+    accuracies = evaluate_on_every_rank(model, x_test, y_test, rank, world)
+    accuracy = accuracies[rank].item()
     if rank == 0:
         print(f"algorithm {args.algorithm}: test accuracy {accuracy * 100:.2f}% "
               f"(ranks: {', '.join(f'{a * 100:.2f}' for a in accuracies.tolist())}), "
               f"{world} workers, {elapsed:.1f} s")
+        if own_accuracies is not None:
+            print("each rank's own model before the final average: "
+                  f"{', '.join(f'{a * 100:.2f}' for a in own_accuracies.tolist())}")
         if args.results:
             with open(args.results, "w") as f:
                 json.dump({"algorithm": args.algorithm, "world_size": world, "epochs": args.epochs,
                            "test_accuracy": accuracy, "rank_accuracies": accuracies.tolist(),
+                           "own_model_accuracies": None if own_accuracies is None else own_accuracies.tolist(),
                            "train_seconds": elapsed}, f, indent=2)
 
 
