@@ -165,6 +165,7 @@ void GroupGeneratorService::close() {
   {
     std::unique_lock lock(mutex_);
     closed_[static_cast<std::size_t>(rank_)] = true;
+    changed_.notify_all();  // the service thread may be waiting for the host alone
     // No bound: the others may train for long; a rank that dies ends the
     // service thread with an error, which ends this wait.
     changed_.wait(lock, [&] { return all_closed() || failure_ != nullptr; });

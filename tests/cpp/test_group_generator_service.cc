@@ -159,3 +159,13 @@ TEST_CASE("group generator service: a client whose host is gone fails within its
   CHECK(errors[1].find("group generator on rank 1") != std::string::npos);
   CHECK(errors[1].find("host (rank 0)") != std::string::npos);
 }
+
+TEST_CASE("group generator service: the host closing last returns (the others closed first)") {
+  for (int round = 0; round < 5; ++round) {
+    GroupGeneratorOptions options;
+    options.seed = static_cast<std::uint64_t>(round);
+    const auto logs = run_service(3, options, [](int rank) { return rank == 0 ? 40 : 5; });
+    check_invariants(logs);
+    CHECK(logs[0].history.size() >= 40);
+  }
+}
