@@ -27,7 +27,8 @@ struct RankLog {
 
 // Each rank takes `requests_of(rank)` groups, then leaves and drains.
 std::vector<RankLog> run_service(int world, GroupGeneratorOptions options,
-                                 const std::function<int(int)>& requests_of) {
+                                 const std::function<int(int)>& requests_of,
+                                 std::chrono::milliseconds host_pause = {}) {
   std::vector<RankLog> logs(static_cast<std::size_t>(world));
   options.world_size = world;
   testing::run_ranks(
@@ -50,6 +51,7 @@ std::vector<RankLog> run_service(int world, GroupGeneratorOptions options,
         }
         service.leave();
         while (auto group = service.acquire()) run(*group);
+        if (service.is_host()) std::this_thread::sleep_for(host_pause);
         service.close();
         log.history = service.history();
       },
@@ -164,7 +166,8 @@ TEST_CASE("group generator service: the host closing last returns (the others cl
   for (int round = 0; round < 5; ++round) {
     GroupGeneratorOptions options;
     options.seed = static_cast<std::uint64_t>(round);
-    const auto logs = run_service(3, options, [](int rank) { return rank == 0 ? 40 : 5; });
+    const auto logs = run_service(
+        3, options, [](int rank) { return rank == 0 ? 40 : 5; }, std::chrono::milliseconds(300));
     check_invariants(logs);
     CHECK(logs[0].history.size() >= 40);
   }
