@@ -2,9 +2,9 @@
 group generation) against GradientAllReduce and AsyncModelAverage, in one run.
 
 As in the Ripples paper, compute is emulated by sleeping, so CPU ranks do not
-fight over cores: every rank sleeps --compute-ms per step (after a real step
-of a small MLP) and the last rank s times as long, for each slowdown s of
---slowdowns. Each (algorithm, s) runs in the same processes, one after the
+fight over cores: every rank sleeps --compute-ms per step (inside a real step
+of a small MLP, between its forward and backward, where compute would be)
+and the last rank s times as long, for each slowdown s of --slowdowns. Each (algorithm, s) runs in the same processes, one after the
 other, for --seconds of wall time per rank (GradientAllReduce, whose ranks
 must take equal step counts: the steps the straggler takes in that time).
 
@@ -69,9 +69,10 @@ def _run(name, args, rank, world, slowdown):
     steps = 0
     while (steps < fixed_steps) if fixed_steps else (time.perf_counter() - start < args.seconds):
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        loss = F.cross_entropy(model(x), y)
+        time.sleep(sleep_s)  # the emulated compute, between forward and backward
+        loss.backward()
         opt.step()
-        time.sleep(sleep_s)
         steps += 1
     seconds = time.perf_counter() - start
     company = None
@@ -88,6 +89,65 @@ def _run(name, args, rank, world, slowdown):
     return rows.tolist()
 
 
+def _digits(rank, world):
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = digits.data.astype(np.float32) / 16.0
+    x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=0,
+                                                        stratify=digits.target)
+    shard = slice(rank, None, world)
+    return (torch.from_numpy(x_train[shard]), torch.from_numpy(y_train[shard]).long(),
+            torch.from_numpy(x_test), torch.from_numpy(y_test).long())
+
+
+def _run_to_accuracy(name, args, rank, world, slowdown):
+    """Digits (the example's MLP, SGD with momentum) for --seconds per rank,
+    the straggler s times slower; rank 0 (a fast rank) evaluates its own
+    model every 5 steps: (seconds, test accuracy) pairs."""
+    import torch
+    import torch.nn.functional as F
+
+    import bagua.torch_api as bagua
+
+    x_train, y_train, x_test, y_test = _digits(rank, world)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
+                                torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    algorithm = _make(name, world)
+    model = model.with_bagua([opt], algorithm)
+    g = torch.Generator().manual_seed(rank)
+    sleep_s = args.compute_ms / 1000 * (slowdown if rank == world - 1 else 1)
+    fixed_steps = None
+    if name == "gradient_allreduce":
+        fixed_steps = max(2, int(args.seconds / (args.compute_ms / 1000 * slowdown)))
+    curve = []
+    bagua.barrier()
+    start = time.perf_counter()
+    steps = 0
+    while (steps < fixed_steps) if fixed_steps else (time.perf_counter() - start < args.seconds):
+        batch = torch.randint(0, len(x_train), (16,), generator=g)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
+        time.sleep(sleep_s)
+        loss.backward()
+        opt.step()
+        steps += 1
+        if rank == 0 and steps % 5 == 0:
+            with torch.no_grad():
+                accuracy = (model(x_test).argmax(dim=1) == y_test).float().mean().item()
+            curve.append((time.perf_counter() - start, accuracy))
+    if hasattr(algorithm, "abort"):
+        algorithm.abort(model)
+    model.without_bagua()
+    bagua.barrier()
+    return curve
+
+
 def worker(args):
     import torch
 
@@ -96,6 +156,15 @@ def worker(args):
     torch.set_num_threads(1)
     bagua.init_process_group()
     rank, world = bagua.get_rank(), bagua.get_world_size()
+    if args.accuracy_target:
+        curves = {}
+        for name in args.algorithms:
+            curves[name] = _run_to_accuracy(name, args, rank, world, args.slowdowns[0])
+            if rank == 0:
+                print(f"  {name}: done", flush=True)
+        if rank == 0:
+            Path(args.out).write_text(json.dumps(curves))
+        return
     results = []
     for slowdown in args.slowdowns:
         for name in args.algorithms:
@@ -126,6 +195,25 @@ def summarize(raw, world, batch=BATCH):
     return rows
 
 
+def report_time_to_accuracy(curves, args):
+    target = args.accuracy_target
+    reached = {name: next((t for t, a in curve if a >= target), None) for name, curve in curves.items()}
+    base = reached.get("gradient_allreduce")
+    print(f"{args.world_size} ranks, rank {args.world_size - 1} {args.slowdowns[0]:g} times slower: "
+          f"seconds until rank 0 reaches {target:.2f} test accuracy on digits")
+    rows = {}
+    for name, seconds in reached.items():
+        best = max((a for _, a in curves[name]), default=0.0)
+        ratio = seconds / base if seconds is not None and base else None
+        rows[name] = {"seconds": seconds, "best_accuracy": best, "vs_gradient_allreduce": ratio}
+        print(f"{name:>22} {'not reached' if seconds is None else f'{seconds:6.2f} s':>12} "
+              f"best {best:.4f} {'' if ratio is None else f'x GA {ratio:.2f}'}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": machine(), "config": vars(args), "results": rows,
+                                          "curves": curves}, indent=2))
+    print(f"wrote {args.out}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=4)
@@ -134,6 +222,9 @@ def main():
     parser.add_argument("--algorithms", type=lambda t: t.split(","), default=ALGORITHMS)
     parser.add_argument("--compute-ms", type=float, default=20.0, help="emulated compute per step")
     parser.add_argument("--seconds", type=float, default=4.0, help="wall time per (algorithm, s) and rank")
+    parser.add_argument("--accuracy-target", type=float, default=0.0,
+                        help="instead of throughput: seconds until rank 0's model reaches this test accuracy "
+                             "on digits, at the first of --slowdowns")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "ripples.json"))
     args = parser.parse_args()
@@ -143,9 +234,12 @@ def main():
     import tempfile
 
     worker_args = ["--slowdowns", ",".join(str(s) for s in args.slowdowns), "--algorithms",
-                   ",".join(args.algorithms), "--compute-ms", str(args.compute_ms), "--seconds", str(args.seconds)]
+                   ",".join(args.algorithms), "--compute-ms", str(args.compute_ms), "--seconds", str(args.seconds),
+                   "--accuracy-target", str(args.accuracy_target)]
     with tempfile.TemporaryDirectory() as tmp:
         raw = launch(__file__, args.world_size, Path(tmp) / "ripples.json", worker_args, args.local_size)
+    if args.accuracy_target:
+        return report_time_to_accuracy(raw, args)
     rows = summarize(raw, args.world_size)
     print(f"{args.world_size} ranks, {args.compute_ms:.0f} ms emulated compute per step, "
           f"rank {args.world_size - 1} s times slower")
