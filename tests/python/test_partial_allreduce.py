@@ -17,7 +17,7 @@ from launcher import run_workers
 WORKERS = Path(__file__).with_name("partial_workers.py")
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 5])
+@pytest.mark.parametrize("world_size", [2, 5])
 def test_primitive_matches_the_members_mean(world_size, tmp_path):
     results = run_workers("primitive", world_size, tmp_path, script=WORKERS)
     rounds = len(results[0]["rounds"])
@@ -42,7 +42,7 @@ def test_primitive_matches_the_members_mean(world_size, tmp_path):
         assert torch.allclose(r["repeated"], torch.full((10,), (world_size - 1) / 2))
 
 
-@pytest.mark.parametrize("mode,world_size", [("smart", 4), ("random", 3), ("smart", 5)])
+@pytest.mark.parametrize("mode,world_size", [("smart", 5), ("random", 3)])
 def test_group_generator_service_from_python(mode, world_size, tmp_path):
     results = run_workers("service", world_size, tmp_path, args=(mode, "3"), script=WORKERS)
     total = sum(float(r * r) for r in range(world_size))
@@ -91,7 +91,7 @@ def _check_logs(results):
 
 
 @pytest.mark.parametrize("generator,overlap,world_size", [
-    ("smart", "1", 4), ("random", "0", 3), ("static", "1", 5), ("static", "0", 4), ("smart", "0", 5),
+    ("smart", "1", 4), ("random", "0", 3), ("static", "1", 5),
 ])
 def test_training_lr0_is_the_serial_replay(generator, overlap, world_size, tmp_path):
     results = run_workers("train", world_size, tmp_path, args=(generator, overlap, "0"), script=WORKERS,
@@ -104,7 +104,7 @@ def test_training_lr0_is_the_serial_replay(generator, overlap, world_size, tmp_p
 
 
 @pytest.mark.parametrize("generator,overlap,world_size", [
-    ("smart", "1", 3), ("random", "1", 4), ("static", "0", 3), ("smart", "0", 4),
+    ("smart", "0", 3), ("random", "1", 4), ("static", "0", 4),
 ])
 def test_training_conserves_the_sum_of_weights(generator, overlap, world_size, tmp_path):
     lr = 0.05
