@@ -214,6 +214,28 @@ def report_time_to_accuracy(curves, args):
     print(f"wrote {args.out}")
 
 
+def plot(rows, path, world):
+    """Aggregate throughput over GradientAllReduce's against s, with the ideal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    slowdowns = sorted({r["slowdown"] for r in rows})
+    ax.plot(slowdowns, [((world - 1) * s + 1) / world for s in slowdowns], "k--", label="ideal")
+    for name in dict.fromkeys(r["algorithm"] for r in rows):
+        mine = sorted((r["slowdown"], r["throughput_vs_gradient_allreduce"]) for r in rows if r["algorithm"] == name)
+        ax.plot([s for s, _ in mine], [v for _, v in mine], "o-", label=name)
+    ax.set_xlabel("slowdown s of one rank")
+    ax.set_ylabel("aggregate throughput / GradientAllReduce's")
+    ax.set_title(f"{world} ranks, one straggler (bench/ripples.py)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=4)
@@ -225,11 +247,18 @@ def main():
     parser.add_argument("--accuracy-target", type=float, default=0.0,
                         help="instead of throughput: seconds until rank 0's model reaches this test accuracy "
                              "on digits, at the first of --slowdowns")
+    parser.add_argument("--plot", help="also draw the throughput ratios into this PNG")
+    parser.add_argument("--from-json", help="summarize (and plot) a results file of an earlier run")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "ripples.json"))
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        if args.plot:
+            plot(saved["results"], args.plot, saved["config"]["world_size"])
+        return None
 
     import tempfile
 
@@ -254,6 +283,8 @@ def main():
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": machine(), "config": vars(args), "results": rows}, indent=2))
     print(f"wrote {args.out}")
+    if args.plot:
+        plot(rows, args.plot, args.world_size)
 
 
 if __name__ == "__main__":
