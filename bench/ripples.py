@@ -247,6 +247,9 @@ def main():
     parser.add_argument("--accuracy-target", type=float, default=0.0,
                         help="instead of throughput: seconds until rank 0's model reaches this test accuracy "
                              "on digits, at the first of --slowdowns")
+    parser.add_argument("--slow-link-mbit", type=float, default=0.0,
+                        help="ranks on emulated hosts (network namespaces, needs root); the last rank's "
+                             "egress limited to this many Mbit/s instead of (or besides) slow compute")
     parser.add_argument("--plot", help="also draw the throughput ratios into this PNG")
     parser.add_argument("--from-json", help="summarize (and plot) a results file of an earlier run")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -266,12 +269,19 @@ def main():
                    ",".join(args.algorithms), "--compute-ms", str(args.compute_ms), "--seconds", str(args.seconds),
                    "--accuracy-target", str(args.accuracy_target)]
     with tempfile.TemporaryDirectory() as tmp:
-        raw = launch(__file__, args.world_size, Path(tmp) / "ripples.json", worker_args, args.local_size)
+        if args.slow_link_mbit:
+            from netns import emulated_hosts, launch_on_hosts
+
+            with emulated_hosts(args.world_size, {args.world_size - 1: args.slow_link_mbit}) as hosts:
+                raw = launch_on_hosts(__file__, hosts, Path(tmp) / "ripples.json", worker_args)
+        else:
+            raw = launch(__file__, args.world_size, Path(tmp) / "ripples.json", worker_args, args.local_size)
     if args.accuracy_target:
         return report_time_to_accuracy(raw, args)
     rows = summarize(raw, args.world_size)
     print(f"{args.world_size} ranks, {args.compute_ms:.0f} ms emulated compute per step, "
-          f"rank {args.world_size - 1} s times slower")
+          f"rank {args.world_size - 1} s times slower"
+          + (f", its egress limited to {args.slow_link_mbit:g} Mbit/s" if args.slow_link_mbit else ""))
     print(f"{'s':>3} {'algorithm':>20} {'samples/s':>10} {'x GA':>6} {'ideal':>6} {'fast st/s':>10} "
           f"{'kept vs s=1':>11} {'slow st/s':>10} {'slow w/ company':>15}")
     for r in rows:
