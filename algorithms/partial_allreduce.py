@@ -241,6 +241,7 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         self._progress = None    # static
         self._aborted = False
         self._inflight = None    # overlap: (thread, buffers, result)
+        self._failed = None      # the error of a failed P-Reduce: no draining after it
         self._history: List[tuple] = []
         self._waited_s = 0.0
 
@@ -347,6 +348,7 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         thread.join()
         self._waited_s += time.monotonic() - started
         if "error" in result:
+            self._failed = result["error"]
             raise result["error"]
         with torch.no_grad():
             _unflatten_into(buffers, params)
@@ -384,6 +386,14 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         """Stops this rank's P-Reduces after draining the groups it still owes."""
         if self._aborted or self._comm is None:
             self._aborted = True
+            return
+        if self._failed is not None:
+            # A peer or the generator failed: the groups this rank still owes
+            # cannot complete. Dropping the generator aborts its channel, so
+            # the others fail within their timeout instead of waiting for us.
+            self._aborted = True
+            self._inflight = None
+            self._comm = self._generator = self._progress = None
             return
         self._finish_reduce(bagua_ddp)
         self._aborted = True

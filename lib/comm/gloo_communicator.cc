@@ -346,13 +346,20 @@ class GlooCommunicator final : public Communicator {
         if (aborted_.load()) return;
         waiting_any_ = unbound.get();
       }
+      // However the wait ends (an error included), abort() must no longer
+      // reach the buffer, which dies with this scope.
+      struct Unregister {
+        GlooCommunicator& self;
+        ~Unregister() {
+          const std::lock_guard lock(self.any_mutex_);
+          self.waiting_any_ = nullptr;
+        }
+      } unregister{*this};
       // An expired wait poisons the whole Gloo context, so "forever" is a
       // year, ended early by a message, an error or abortWaitRecv.
       constexpr auto kForever = std::chrono::hours(24 * 365);
       const bool received = unbound->waitRecv(
           &sender, wait_forever ? std::chrono::milliseconds(kForever) : options_.timeout);
-      const std::lock_guard lock(any_mutex_);
-      waiting_any_ = nullptr;
       if (!received) sender = -1;
     });
     if (sender < 0) {

@@ -75,11 +75,20 @@ struct Ring {
   int next() const { return members[static_cast<std::size_t>((me + 1) % m())]; }
   int prev() const { return members[static_cast<std::size_t>((me + m() - 1) % m())]; }
 
+  // One ring step; a failure names the two neighbours this rank waited on.
   void exchange(const TensorView& send, const TensorView& recv, int step) {
     const std::uint64_t tag = step_tag(key, step);
     const PeerMessage sends[] = {{send, next(), tag}};
     const PeerMessage receives[] = {{recv, prev(), tag}};
-    comm.send_recv(sends, receives);
+    try {
+      comm.send_recv(sends, receives);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(fmt::format("{} (step {}: receiving from rank {}, sending to rank {})",
+                                     e.what(), step, prev(), next()));
+    } catch (const BackendError& e) {
+      throw BackendError(fmt::format("{} (step {}: receiving from rank {}, sending to rank {})",
+                                     e.what(), step, prev(), next()));
+    }
   }
 };
 

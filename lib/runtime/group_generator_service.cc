@@ -57,15 +57,21 @@ GroupGeneratorService::GroupGeneratorService(Communicator& comm, GroupGeneratorO
   if (!is_host()) return;
   engine_.emplace(options_);
   closed_.assign(static_cast<std::size_t>(comm.size()), false);
-  if (comm.size() > 1) server_ = std::thread([this] { serve(); });
+  last_seen_.assign(static_cast<std::size_t>(comm.size()), std::chrono::steady_clock::now());
+  if (comm.size() > 1) {
+    server_ = std::thread([this] { serve(); });
+    watchdog_ = std::thread([this] { watch(); });
+  }
 }
 
 GroupGeneratorService::~GroupGeneratorService() {
+  stopping_ = true;
+  changed_.notify_all();
   if (server_.joinable()) {
-    stopping_ = true;
     control_->abort();  // ends the thread's wait for the next message
     server_.join();
   }
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 std::optional<Group> GroupGeneratorService::acquire() {
@@ -249,6 +255,7 @@ void GroupGeneratorService::serve() {
       std::vector<Delivery> deliveries;
       {
         const std::lock_guard lock(mutex_);
+        last_seen_[static_cast<std::size_t>(sender)] = std::chrono::steady_clock::now();
         deliveries = handle(sender, message);
       }
       send_deliveries(deliveries);
@@ -321,6 +328,38 @@ void GroupGeneratorService::send_deliveries(const std::vector<Delivery>& deliver
   for (auto delivery : deliveries) {
     const PeerMessage sends[] = {{int64_view(delivery.message), delivery.rank, kToClient}};
     control_->send_recv(sends, {});
+  }
+}
+
+void GroupGeneratorService::watch() {
+  const auto period = std::max(std::chrono::milliseconds(10), control_->timeout() / 10);
+  std::unique_lock lock(mutex_);
+  while (!stopping_ && !all_closed() && failure_ == nullptr) {
+    changed_.wait_for(lock, period);
+    check_silent_ranks();
+  }
+}
+
+void GroupGeneratorService::check_silent_ranks() {
+  if (failure_ != nullptr || stopping_) return;
+  const auto now = std::chrono::steady_clock::now();
+  last_seen_[static_cast<std::size_t>(rank_)] = now;  // the host's own calls need no message
+  for (int r = 0; r < options_.world_size; ++r) {
+    const auto x = static_cast<std::size_t>(r);
+    if (closed_[x] || now - last_seen_[x] < control_->timeout()) continue;
+    const auto queued = engine_->buffer(r);
+    const auto running = engine_->executing(r);
+    if (queued.empty() && !running) continue;  // nobody waits for it
+    const auto group = running ? running->id : queued.front().id;
+    const double silent = std::chrono::duration<double>(now - last_seen_[x]).count();
+    failure_ = std::make_exception_ptr(TimeoutError(fmt::format(
+        "group generator host (rank {}): rank {} holds group {} and has not contacted the host "
+        "for {:.1f} s (timeout {} ms): presumed dead",
+        rank_, r, group, silent, control_->timeout().count())));
+    log().error("group generator host (rank {}): rank {} silent for {:.1f} s while holding group {}",
+                rank_, r, silent, group);
+    changed_.notify_all();
+    return;
   }
 }
 

@@ -83,9 +83,10 @@ void run_partition(int world, int groups, std::int64_t n, ReduceOp op, DType dty
 }  // namespace
 
 TEST_CASE("partial_allreduce: concurrent disjoint groups reach their means, bit-identical") {
-  for (int world = 1; world <= 6; ++world) {
+  for (int world = 1; world <= 8; ++world) {
     for (int groups = 1; groups <= std::min(world, 3); ++groups) {
       for (std::int64_t n : {0, 1, 5, 1001, 65537}) {
+        if (world > 6 && n != 1001 && n != 5) continue;  // keep the larger worlds short
         CAPTURE(world);
         CAPTURE(groups);
         CAPTURE(n);
@@ -160,7 +161,7 @@ TEST_CASE("partial_allreduce: overlapping groups called in the same order, many 
 }
 
 TEST_CASE("partial_allreduce: members that disagree fail with the group named, never mixed data") {
-  SUBCASE("different group ids: a timeout naming the group on both") {
+  SUBCASE("different group ids: a timeout (or the peer's closing) naming the group on both") {
     auto errors = testing::run_ranks_collect_errors(
         2,
         [&](Communicator& comm) {
@@ -175,7 +176,9 @@ TEST_CASE("partial_allreduce: members that disagree fail with the group named, n
       CAPTURE(message);
       CHECK(message.find("partial_allreduce of group") != std::string::npos);
       CHECK(message.find("ranks 0,1") != std::string::npos);
-      CHECK(message.find("timed out") != std::string::npos);
+      // The first to time out closes its connections: the other may see that first.
+      CHECK((message.find("timed out") != std::string::npos ||
+             message.find("closed") != std::string::npos));
     }
   }
   SUBCASE("different sizes with verify: InvalidArgument on every member") {

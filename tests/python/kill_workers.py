@@ -17,9 +17,12 @@ import torch.nn.functional as F
 
 import bagua.torch_api as bagua
 from bagua.torch_api.algorithms.async_model_average import AsyncModelAverageAlgorithm
+from bagua.torch_api.algorithms.partial_allreduce import PartialAllReduceAlgorithm
 from checkpoint_workers import ALGORITHMS, batch, sgd, wrapped
 
-ALL = dict(ALGORITHMS, async_model_average=(sgd, lambda opt: AsyncModelAverageAlgorithm(sync_interval_ms=5)))
+ALL = dict(ALGORITHMS, async_model_average=(sgd, lambda opt: AsyncModelAverageAlgorithm(sync_interval_ms=5)),
+           partial_allreduce_smart=(sgd, lambda opt: PartialAllReduceAlgorithm(group_size=2)),
+           partial_allreduce_static=(sgd, lambda opt: PartialAllReduceAlgorithm(group_generator="static")))
 
 
 def scenario_train(out_dir, name):

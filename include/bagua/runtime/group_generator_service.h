@@ -13,6 +13,8 @@
 // it. Every wait of a client is bounded by the communicator's timeout. The
 // host's thread ends when every rank closed; the host's own close() returns
 // only then, so a host that finishes training first never strands the rest.
+// A rank that holds a group and stays silent for the timeout (a dead
+// process: the engine cannot tell) makes the host's calls raise, naming it.
 #pragma once
 
 #include <atomic>
@@ -89,6 +91,11 @@ class GroupGeneratorService {
   std::vector<Delivery> deliver(int rank, const GroupReply& reply);
   void send_deliveries(const std::vector<Delivery>& deliveries);  // without mutex_
   void serve();  // the service thread
+  // The watchdog thread: a rank that holds a group (others will wait for
+  // it) and has not contacted the host for the communicator's timeout is
+  // presumed dead; the host's calls then raise, naming it.
+  void watch();
+  void check_silent_ranks();  // under mutex_
   void rethrow_if_failed() const;
   bool all_closed() const;
 
@@ -111,7 +118,9 @@ class GroupGeneratorService {
   std::exception_ptr failure_;
   std::mutex send_mutex_;
   std::thread server_;
+  std::thread watchdog_;
   std::atomic<bool> stopping_{false};  // the destructor ends the service early
+  std::vector<std::chrono::steady_clock::time_point> last_seen_;  // per rank, the last message
 
   // This rank's record.
   mutable std::mutex record_mutex_;
