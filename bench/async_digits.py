@@ -48,7 +48,7 @@ def main():
     rows = {}
     with tempfile.TemporaryDirectory() as tmp, BusyLoad(args.busy):
         tmp = Path(tmp)
-        configs = [("gradient_allreduce", [], args.baseline_runs)]
+        configs = [("gradient_allreduce", [], args.baseline_runs)] if args.baseline_runs else []
         for bound in args.bounds:
             extra = ["--sync-interval-ms", args.sync_interval_ms, "--warmup-steps", "0", "--no-final-average"]
             if bound != "default":
@@ -66,7 +66,7 @@ def main():
                       f"round ms {drift.get('round_ms_mean')}, drift {drift.get('drift')}", flush=True)
     summary = {name: {"min_rank_accuracy": min(min(m["rank_accuracies"]) for m in runs),
                       "median_seconds": statistics.median(m["train_seconds"] for m in runs)}
-               for name, runs in rows.items()}
+               for name, runs in rows.items() if runs}
     print(json.dumps(summary, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": machine(), "config": vars(args), "runs": rows,
