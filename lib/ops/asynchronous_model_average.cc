@@ -388,8 +388,10 @@ void AsyncModelAverageOp::record_round_locked(std::chrono::steady_clock::duratio
 
 void AsyncModelAverageOp::log_stats(std::string_view when, const AsyncRoundStats& s) const {
   const double rounds = static_cast<double>(std::max<std::int64_t>(s.rounds, 1));
-  const double relative =
-      s.last_average_sq > 0 ? std::sqrt(s.last_drift_sq / s.last_average_sq) : 0.0;
+  // NaN (CUDA buckets: not measured) stays NaN; an all-zero average gives 0.
+  const double relative = s.last_average_sq > 0 || std::isnan(s.last_average_sq)
+                              ? std::sqrt(s.last_drift_sq / s.last_average_sq)
+                              : 0.0;
   log().info(
       "rank {}: asynchronous model average of bucket '{}' {}: {} rounds, {:.1f} steps/round "
       "(last {}, max {}, bound {}), round {:.1f} ms (last {:.1f}, max {:.1f}), drift to the "
