@@ -206,16 +206,19 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
     def average_weights(self, bagua_ddp) -> None:
         """One synchronous average of every rank's weights (collective; the
         background rounds are stopped). Optimizer states stay local."""
-        params = [p for _, p in bagua_ddp.bagua_build_params()]
-        if not params:
-            return
+        groups = {}  # one allreduce per dtype and device, in the same order on every rank
+        for _, p in bagua_ddp.bagua_build_params():
+            groups.setdefault((str(p.dtype), str(p.device)), []).append(p)
+        comm = self.process_group.get_global_communicator()
         with torch.no_grad():
-            flat = torch.cat([p.data.reshape(-1) for p in params])
-            allreduce_inplace(flat, op=ReduceOp.AVG, comm=self.process_group.get_global_communicator())
-            offset = 0
-            for p in params:
-                p.data.copy_(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+            for key in sorted(groups):
+                params = groups[key]
+                flat = torch.cat([p.data.reshape(-1) for p in params])
+                allreduce_inplace(flat, op=ReduceOp.AVG, comm=comm)
+                offset = 0
+                for p in params:
+                    p.data.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
 
     def resume(self, bagua_ddp) -> None:
         for op in self.ops:

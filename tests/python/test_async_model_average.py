@@ -29,7 +29,7 @@ def _check_final_average(results):
 def test_bounded_staleness_caps_steps_per_round_and_reports_drift(tmp_path):
     bound = 3
     results = run("bounded", 3, tmp_path / "run", str(bound),
-                  extra_env={"BAGUA_TIMELINE": str(tmp_path / "timeline")})
+                  extra_env={"BAGUA_TIMELINE": str(tmp_path / "timeline"), "BAGUA_LOG_LEVEL": "info"})
     for rank, r in enumerate(results):
         s = r["stats"]
         assert s["max_staleness_steps"] == bound and s["steps"] == 30, s
@@ -44,6 +44,12 @@ def test_bounded_staleness_caps_steps_per_round_and_reports_drift(tmp_path):
                    for e in r["rounds"])
         assert all(e["args"]["bound"] == bound for e in r["waits"])
     _check_final_average(results)
+    # the log at info: the figures, at the first round and when the rounds stop
+    for rank in range(3):
+        lines = [line for line in (tmp_path / "run" / f"rank{rank}.log").read_text().splitlines()
+                 if f"rank {rank}: asynchronous model average of bucket" in line]
+        assert any("running" in line for line in lines) and any("stopped" in line for line in lines), lines
+        assert all(f"bound {bound})" in line and "drift to the average" in line for line in lines), lines
 
 
 def test_unbounded_runs_ahead_and_never_waits(tmp_path):
