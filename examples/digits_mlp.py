@@ -155,11 +155,16 @@ def main():
         progress.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.4f}")
     progress.close()
     drift = None
-    if hasattr(algorithm, "abort"):
-        # Asynchronous: stop the background averaging on every rank and (by
-        # default) average the weights once more so all ranks hold one model.
+    if isinstance(algorithm, async_model_average.AsyncModelAverageAlgorithm):
+        # Stop the background averaging on every rank and (by default)
+        # average the weights once more so all ranks hold one model.
         drift = gather_drift(algorithm.stats(model), rank, world)
         algorithm.abort(model, average=not args.no_final_average)
+    elif hasattr(algorithm, "abort"):
+        algorithm.abort(model)
+        with torch.no_grad():
+            for param in model.parameters():
+                bagua.allreduce_inplace(param.data, op=bagua.ReduceOp.AVG)
     elapsed = time.perf_counter() - start
 
     model.eval()
