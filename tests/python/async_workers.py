@@ -44,7 +44,8 @@ def scenario_bounded(out_dir, bound):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     algorithm = AsyncModelAverageAlgorithm(sync_interval_ms=100, max_staleness_steps=bound)
     model = model.with_bagua([opt], algorithm)
-    data = batches(rank, steps=30)  # each rank its own data: the replicas drift
+    # each rank its own data (the replicas drift) and its own step count
+    data = batches(rank, steps=30 + 2 * rank)
     for x, y in data:
         _step(model, opt, x, y)
     deadline = time.monotonic() + 10
