@@ -259,10 +259,9 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
                          "mean": mean("total_round_ms"),
                          "max": max((s["max_round_ms"] for s in per_op), default=0.0)},
             # distance (L2, all weights) of this rank's snapshot to the average
-            # of the last round of each bucket; NaN for CUDA buckets
+            # of the last round of each bucket
             "drift": math.sqrt(drift_sq),
-            "relative_drift": (math.sqrt(drift_sq / average_sq)
-                               if average_sq > 0 or math.isnan(average_sq) else 0.0),
+            "relative_drift": math.sqrt(drift_sq / average_sq) if average_sq > 0 else 0.0,
             "max_drift": math.sqrt(sum(s["max_drift_sq"] for s in per_op)),
             "staleness_waits": sum(s["staleness_waits"] for s in per_op),
             "staleness_wait_ms": sum(s["staleness_wait_ms"] for s in per_op),

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include <fmt/format.h>
 
@@ -45,6 +44,7 @@ AsyncModelAverageOp::AsyncModelAverageOp(std::shared_ptr<Communicator> comm, con
   }
   snapshot_ = compute_->scratch(bucket.nbytes());
   sum_ = compute_->scratch(bucket.nbytes());
+  if (device_.type == DeviceType::kCUDA) drift_out_ = compute_->scratch(2 * sizeof(double));
 }
 
 AsyncModelAverageOp::~AsyncModelAverageOp() {
@@ -64,6 +64,7 @@ AsyncModelAverageOp::~AsyncModelAverageOp() {
       log().warn("rank {}: asynchronous model average shutdown: {}", comm_->rank(), e.what());
     }
     released_.reset();
+    drift_out_.reset();
     snapshot_.reset();
     sum_.reset();
     compute_.reset();
@@ -348,10 +349,21 @@ void AsyncModelAverageOp::average_round(const std::stop_token& stop) {
   }
 }
 
-std::pair<double, double> AsyncModelAverageOp::drift_squared() const {
-  if (device_.type != DeviceType::kCPU) {
-    const double nan = std::numeric_limits<double>::quiet_NaN();
-    return {nan, nan};
+std::pair<double, double> AsyncModelAverageOp::drift_squared() {
+  if (device_.type == DeviceType::kCUDA) {
+    // A reduction on the op's stream, the two doubles copied back.
+    const TensorView snapshot{snapshot_.data(), numel_, dtype_, device_};
+    const TensorView sum{sum_.data(), numel_, dtype_, device_};
+    auto* d_out = static_cast<double*>(drift_out_.data());
+    compute_->zero(d_out, 2 * sizeof(double));
+    compute_->run_custom([] {}, [&](void* stream) {
+      cuda_async_average_drift(sum, snapshot, comm_->size(), d_out, stream);
+    });
+    double host[2] = {0, 0};
+    cuda_copy_async(host, d_out, sizeof host, stream_.get());
+    compute_->finish(fmt::format("rank {}: asynchronous model average drift", comm_->rank()),
+                     comm_->timeout());
+    return {host[0], host[1]};
   }
   double drift = 0, average = 0;
   const double n = comm_->size();
@@ -381,17 +393,15 @@ void AsyncModelAverageOp::record_round_locked(std::chrono::steady_clock::duratio
   s.max_round_ms = std::max(s.max_round_ms, ms);
   s.total_round_ms += ms;
   s.last_drift_sq = drift.first;
-  s.max_drift_sq = std::isnan(drift.first) ? drift.first : std::max(s.max_drift_sq, drift.first);
+  s.max_drift_sq = std::max(s.max_drift_sq, drift.first);
   s.last_average_sq = drift.second;
   steps_since_round_ = 0;
 }
 
 void AsyncModelAverageOp::log_stats(std::string_view when, const AsyncRoundStats& s) const {
   const double rounds = static_cast<double>(std::max<std::int64_t>(s.rounds, 1));
-  // NaN (CUDA buckets: not measured) stays NaN; an all-zero average gives 0.
-  const double relative = s.last_average_sq > 0 || std::isnan(s.last_average_sq)
-                              ? std::sqrt(s.last_drift_sq / s.last_average_sq)
-                              : 0.0;
+  const double relative =
+      s.last_average_sq > 0 ? std::sqrt(s.last_drift_sq / s.last_average_sq) : 0.0;
   log().info(
       "rank {}: asynchronous model average of bucket '{}' {}: {} rounds, {:.1f} steps/round "
       "(last {}, max {}, bound {}), round {:.1f} ms (last {:.1f}, max {:.1f}), drift to the "

@@ -32,7 +32,8 @@
 //
 // Drift (`stats()`): per round, the steps counted since the previous round,
 // the round's duration (agreement to update applied) and the distance
-// ||snapshot - average|| of this rank's weights to the round's average. A
+// ||snapshot - average|| of this rank's weights to the round's average
+// (host loop, or a reduction kernel on the op's stream for CUDA buckets). A
 // summary goes to the log at info at most every kLogEvery, and each round is
 // a span on the timeline when one is set.
 //
@@ -75,8 +76,7 @@ struct AsyncModelAverageOptions {
 };
 
 // What the rounds of one op did on this rank (see "Drift" above). Squared
-// distances are over the op's bucket; NaN where they are not measured
-// (CUDA buckets).
+// distances are over the op's bucket.
 struct AsyncRoundStats {
   std::int64_t rounds = 0;            // completed rounds
   std::int64_t steps = 0;             // local steps counted
@@ -165,9 +165,9 @@ class AsyncModelAverageOp final : public CommOp {
   bool any_rank_aborting();
   // One round: snapshot, allreduce(sum) of the snapshots, update.
   void average_round(const std::stop_token& stop);
-  // ||sum / n - snapshot||^2 and ||sum / n||^2 over the bucket (host
-  // buckets; NaN for CUDA ones).
-  std::pair<double, double> drift_squared() const;
+  // ||snapshot - sum / n||^2 and ||sum / n||^2 over the bucket (a kernel
+  // and a copy of two doubles for CUDA buckets).
+  std::pair<double, double> drift_squared();
   // Records a completed round in stats_ (state lock held).
   void record_round_locked(std::chrono::steady_clock::duration took,
                            std::pair<double, double> drift);
@@ -209,6 +209,7 @@ class AsyncModelAverageOp final : public CommOp {
   std::unique_ptr<Compute> compute_;
   CachingAllocator::Block snapshot_;
   CachingAllocator::Block sum_;
+  CachingAllocator::Block drift_out_;  // CUDA: the drift reduction's two doubles
   // CUDA: recorded on the training stream by the last unlock_weight (guarded
   // by the weight lock).
   EventPool::Lease released_;
