@@ -43,6 +43,8 @@ def main():
                         help="max_staleness_steps values to run ('default', 'none' or an integer)")
     parser.add_argument("--baseline-runs", type=int, default=1, help="GradientAllReduce runs")
     parser.add_argument("--sync-interval-ms", default="50", help="the asynchronous runs' averaging interval")
+    parser.add_argument("--final-average", action="store_true",
+                        help="end with abort(model, average=True) (every rank the same model)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "async_digits.json"))
     args = parser.parse_args()
     rows = {}
@@ -50,7 +52,9 @@ def main():
         tmp = Path(tmp)
         configs = [("gradient_allreduce", [], args.baseline_runs)] if args.baseline_runs else []
         for bound in args.bounds:
-            extra = ["--sync-interval-ms", args.sync_interval_ms, "--warmup-steps", "0", "--no-final-average"]
+            extra = ["--sync-interval-ms", args.sync_interval_ms, "--warmup-steps", "0"]
+            if not args.final_average:
+                extra.append("--no-final-average")
             if bound != "default":
                 extra += ["--max-staleness-steps", bound]
             configs.append((f"async_model_average bound={bound}", extra, args.runs))
