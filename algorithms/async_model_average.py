@@ -6,35 +6,51 @@ For the first ``warmup_steps`` steps it is GradientAllReduce (synchronous),
 then the weights are averaged asynchronously. ``abort(model)`` stops the
 background averaging on every rank (agreed at the next round, so ranks that
 ran different numbers of steps stop cleanly; training goes on locally) and
-``resume(model)`` (called by every rank) starts it again.
+``resume(model)`` (called by every rank) starts it again;
+``abort(model, average=True)`` also averages the weights once, synchronously,
+so every rank ends with the same model.
+
+Bounded staleness: with ``max_staleness_steps=K`` a rank that took K local
+steps since the last completed averaging round waits for the next one before
+its next step, so how far the replicas drift apart no longer depends on how
+the machine schedules the ranks. ``None`` is Bagua's unbounded behaviour.
+``stats(model)`` reports the steps per round, the round time and the
+distance of this rank's weights to the round's average (also logged at info
+and recorded on the timeline). See docs/algorithms.md.
 """
 
 import contextlib
 import logging
-from typing import List
+import math
+from typing import List, Optional
 
 import torch
 
-from bagua.torch_api import BaguaError
+from bagua.torch_api import BaguaError, ReduceOp, allreduce_inplace, timeline
 from bagua.torch_api.algorithms.base import (
     Algorithm,
     AlgorithmImpl,
     check_choice,
+    check_flags,
     check_integer,
     do_nothing,
     weight_tensors,
 )
 
-__all__ = ["AsyncModelAverageAlgorithm", "AsyncModelAverageAlgorithmImpl"]
+__all__ = ["AsyncModelAverageAlgorithm", "AsyncModelAverageAlgorithmImpl", "DEFAULT_MAX_STALENESS_STEPS"]
+
+# The documented default bound (docs/algorithms.md: how it was chosen).
+DEFAULT_MAX_STALENESS_STEPS = 16
 
 
 class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
     def __init__(self, process_group, peer_selection_mode: str = "all", sync_interval_ms: int = 500,
-                 warmup_steps: int = 0):
+                 warmup_steps: int = 0, max_staleness_steps: Optional[int] = DEFAULT_MAX_STALENESS_STEPS):
         super().__init__(process_group)
         self.peer_selection_mode = peer_selection_mode
         self.sync_interval_ms = sync_interval_ms
         self.warmup_steps = warmup_steps
+        self.max_staleness_steps = max_staleness_steps
         self.asynchronous = warmup_steps == 0
         self.ops = []
         self.steps_done = 0
@@ -87,9 +103,11 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
         if self.asynchronous:
-            self.ops.append(bucket.append_asynchronous_model_average_op(
+            op = bucket.append_asynchronous_model_average_op(
                 peer_selection_mode=self.peer_selection_mode, group=self.process_group,
-                sync_interval_ms=self.sync_interval_ms))
+                sync_interval_ms=self.sync_interval_ms, max_staleness_steps=self.max_staleness_steps)
+            op.set_timeline(timeline.get(self.process_group.get_rank()))
+            self.ops.append(op)
         else:
             bucket.append_centralized_synchronous_op(hierarchical=False, average=True,
                                                      group=self.process_group)
@@ -108,6 +126,10 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
             # Still locked: not every optimizer stepped last iteration. Taking
             # the lock again lets the background thread's pending work run.
             self.unlock(bagua_ddp)
+            # Bounded staleness: wait for a round without the lock (the
+            # background threads service the round themselves meanwhile).
+            for op in self.ops:
+                op.wait_within_staleness()
             self.lock(bagua_ddp)
 
         return hook
@@ -125,7 +147,9 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
             self.steps_done = bagua_ddp.step_counter
             # The weights are the optimizers' until the last of them stepped.
             self._stepped.add(id(optimizer))
-            if self._stepped.issuperset(id(o) for o in bagua_ddp.optimizers):
+            if self._locked and self._stepped.issuperset(id(o) for o in bagua_ddp.optimizers):
+                for op in self.ops:
+                    op.count_step()  # one local step, whatever the number of optimizers
                 self.unlock(bagua_ddp)
 
         return hook
@@ -172,10 +196,29 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
             return None
         return None
 
-    def abort(self, bagua_ddp) -> None:
+    def abort(self, bagua_ddp, average: bool = False) -> None:
         self.unlock(bagua_ddp)
         for op in self.ops:
             op.abort()
+        if average:
+            self.average_weights(bagua_ddp)
+
+    def average_weights(self, bagua_ddp) -> None:
+        """One synchronous average of every rank's weights (collective; the
+        background rounds are stopped). Optimizer states stay local."""
+        groups = {}  # one allreduce per dtype and device, in the same order on every rank
+        for _, p in bagua_ddp.bagua_build_params():
+            groups.setdefault((str(p.dtype), str(p.device)), []).append(p)
+        comm = self.process_group.get_global_communicator()
+        with torch.no_grad():
+            for key in sorted(groups):
+                params = groups[key]
+                flat = torch.cat([p.data.reshape(-1) for p in params])
+                allreduce_inplace(flat, op=ReduceOp.AVG, comm=comm)
+                offset = 0
+                for p in params:
+                    p.data.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
 
     def resume(self, bagua_ddp) -> None:
         for op in self.ops:
@@ -193,31 +236,86 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
     def status(self) -> List[str]:
         return [op.get_status() for op in self.ops]
 
+    def stats(self) -> dict:
+        """This rank's rounds so far, summed over the buckets' ops (each
+        bucket averages on its own thread); per-op figures under "buckets"."""
+        per_op = [op.stats() for op in self.ops]
+        rounds = min((s["rounds"] for s in per_op), default=0)
+        drift_sq = sum(s["last_drift_sq"] for s in per_op)
+        average_sq = sum(s["last_average_sq"] for s in per_op)
+
+        def mean(key, count_key="rounds"):
+            values = [s[key] / s[count_key] for s in per_op if s[count_key] > 0]
+            return sum(values) / len(values) if values else 0.0
+
+        return {
+            "max_staleness_steps": self.max_staleness_steps,
+            "steps": max((s["steps"] for s in per_op), default=0),
+            "rounds": rounds,
+            "steps_per_round": {"last": max((s["last_round_steps"] for s in per_op), default=0),
+                                "mean": mean("steps_in_rounds"),
+                                "max": max((s["max_round_steps"] for s in per_op), default=0)},
+            "round_ms": {"last": max((s["last_round_ms"] for s in per_op), default=0.0),
+                         "mean": mean("total_round_ms"),
+                         "max": max((s["max_round_ms"] for s in per_op), default=0.0)},
+            # distance (L2, all weights) of this rank's snapshot to the average
+            # of the last round of each bucket
+            "drift": math.sqrt(drift_sq),
+            "relative_drift": math.sqrt(drift_sq / average_sq) if average_sq > 0 else 0.0,
+            "max_drift": math.sqrt(sum(s["max_drift_sq"] for s in per_op)),
+            "staleness_waits": sum(s["staleness_waits"] for s in per_op),
+            "staleness_wait_ms": sum(s["staleness_wait_ms"] for s in per_op),
+            "buckets": per_op,
+        }
+
 
 class AsyncModelAverageAlgorithm(Algorithm):
     def __init__(self, peer_selection_mode: str = "all", sync_interval_ms: int = 500,
-                 warmup_steps: int = 0):
+                 warmup_steps: int = 0, max_staleness_steps: Optional[int] = DEFAULT_MAX_STALENESS_STEPS):
         """
         Args:
             peer_selection_mode: "all" (the only mode: average over all ranks).
             sync_interval_ms: milliseconds between two background averaging rounds.
             warmup_steps: synchronous GradientAllReduce steps before going asynchronous.
+            max_staleness_steps: local steps a rank may take since its last
+                completed averaging round before it waits for the next one;
+                None: never wait (Bagua's behaviour, drift set by the machine's
+                timing). Smaller is closer to synchronous training and slower.
         """
         check_choice(type(self).__name__, "peer_selection_mode", peer_selection_mode, ("all",))
         check_integer(type(self).__name__, "sync_interval_ms", sync_interval_ms, 0)
         check_integer(type(self).__name__, "warmup_steps", warmup_steps, 0)
+        if max_staleness_steps is not None:
+            check_integer(type(self).__name__, "max_staleness_steps", max_staleness_steps, 1,
+                          " (None: unbounded)")
         self.peer_selection_mode = peer_selection_mode
         self.sync_interval_ms = sync_interval_ms
         self.warmup_steps = warmup_steps
+        self.max_staleness_steps = max_staleness_steps
 
     def reify(self, process_group) -> AsyncModelAverageAlgorithmImpl:
         return AsyncModelAverageAlgorithmImpl(process_group, self.peer_selection_mode,
-                                              self.sync_interval_ms, self.warmup_steps)
+                                              self.sync_interval_ms, self.warmup_steps,
+                                              self.max_staleness_steps)
 
-    def abort(self, bagua_module) -> None:
+    def abort(self, bagua_module, average: bool = False) -> None:
         """Stops the background averaging on every rank (collective in effect:
-        the ranks agree at their next round). Training goes on locally."""
-        bagua_module.bagua_ddp.bagua_algorithm_impl.abort(bagua_module.bagua_ddp)
+        the ranks agree at their next round). Training goes on locally.
+
+        average: then average the weights once, synchronously, so that every
+        rank holds the same model (collective: every rank must call
+        ``abort(model, average=True)``). Optimizer states are not averaged."""
+        check_flags(type(self).__name__ + ".abort", average=average)
+        bagua_module.bagua_ddp.bagua_algorithm_impl.abort(bagua_module.bagua_ddp, average=average)
+
+    def stats(self, bagua_module) -> dict:
+        """This rank's averaging rounds so far: ``steps_per_round``,
+        ``round_ms`` (each with last, mean, max), ``drift`` (L2 distance of
+        this rank's weights to the last round's average), ``relative_drift``
+        (drift / norm of the average), ``max_drift``, ``staleness_waits`` and
+        ``staleness_wait_ms`` (time spent waiting for the bound), ``rounds``,
+        ``steps``, and the per-bucket figures. Zeros before the first round."""
+        return bagua_module.bagua_ddp.bagua_algorithm_impl.stats()
 
     def resume(self, bagua_module) -> None:
         """Starts the background averaging again; every rank calls it."""

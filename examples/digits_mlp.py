@@ -45,7 +45,8 @@ ALGORITHMS = {
     "decentralized_ring": (sgd, lambda opt, args: decentralized.DecentralizedAlgorithm(
         hierarchical=False, peer_selection_mode="ring")),
     "async_model_average": (sgd, lambda opt, args: async_model_average.AsyncModelAverageAlgorithm(
-        sync_interval_ms=args.sync_interval_ms, warmup_steps=args.warmup_steps)),
+        sync_interval_ms=args.sync_interval_ms, warmup_steps=args.warmup_steps,
+        max_staleness_steps=args.max_staleness_steps)),
     # the ring among all ranks, no intra-node averaging first
     "low_precision_decentralized_ring": (
         sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False)),
@@ -90,6 +91,26 @@ def evaluate_on_every_rank(model, x_test, y_test, rank, world):
     return accuracies
 
 
+DRIFT_FIGURES = [("steps_per_round", "mean"), ("steps_per_round", "max"), ("round_ms", "mean"),
+                 ("round_ms", "max"), ("drift", None), ("relative_drift", None),
+                 ("staleness_waits", None), ("staleness_wait_ms", None), ("rounds", None)]
+
+
+def gather_drift(stats, rank, world):
+    """Every rank's drift figures (async model average's stats()), for the
+    results file: {figure: [per rank]}. Collective."""
+    table = torch.zeros(world, len(DRIFT_FIGURES), dtype=torch.float64)
+    for j, (key, sub) in enumerate(DRIFT_FIGURES):
+        table[rank, j] = stats[key][sub] if sub else stats[key]
+    bagua.allreduce_inplace(table)
+    return {f"{key}_{sub}" if sub else key: table[:, j].tolist() for j, (key, sub) in enumerate(DRIFT_FIGURES)}
+
+
+def staleness(text):
+    """--max-staleness-steps: an integer, or "none" for unbounded."""
+    return None if text.lower() == "none" else int(text)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--algorithm", default="gradient_allreduce", choices=sorted(ALGORITHMS))
@@ -103,6 +124,13 @@ def main():
                         help="QAdam: compress among all ranks, not among the node leaders")
     parser.add_argument("--sync-interval-ms", type=int, default=10,
                         help="async model average: milliseconds between averaging rounds")
+    parser.add_argument("--max-staleness-steps", type=staleness,
+                        default=async_model_average.DEFAULT_MAX_STALENESS_STEPS,
+                        help="async model average: local steps allowed between two completed "
+                             "averaging rounds ('none': unbounded)")
+    parser.add_argument("--no-final-average", action="store_true",
+                        help="async model average: end with abort(model) alone, each rank keeping "
+                             "its own model, instead of abort(model, average=True)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", help="write the final metrics as JSON to this file (rank 0)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -145,10 +173,19 @@ def main():
         progress.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.4f}")
     progress.close()
     own_accuracies = None
-    if hasattr(algorithm, "abort"):
-        # Asynchronous: stop the background averaging on every rank, then
-        # average the weights once more so that all ranks hold one model
-        # (each rank's own model is evaluated first, for the record).
+    drift = None
+    if isinstance(algorithm, async_model_average.AsyncModelAverageAlgorithm):
+        # Stop the background averaging on every rank, evaluate each rank's
+        # own model, then (by default) average the weights once more so all
+        # ranks hold one model (a second abort with average=True).
+        drift = gather_drift(algorithm.stats(model), rank, world)
+        algorithm.abort(model)
+        own_accuracies = evaluate_on_every_rank(model, x_test, y_test, rank, world)
+        if not args.no_final_average:
+            algorithm.abort(model, average=True)
+    elif hasattr(algorithm, "abort"):
+        # P-Reduce: each rank stops after draining its groups; the same
+        # record of each rank's own model, then one final average.
         algorithm.abort(model)
         own_accuracies = evaluate_on_every_rank(model, x_test, y_test, rank, world)
         with torch.no_grad():
@@ -170,7 +207,7 @@ def main():
                 json.dump({"algorithm": args.algorithm, "world_size": world, "epochs": args.epochs,
                            "test_accuracy": accuracy, "rank_accuracies": accuracies.tolist(),
                            "own_model_accuracies": None if own_accuracies is None else own_accuracies.tolist(),
-                           "train_seconds": elapsed}, f, indent=2)
+                           "train_seconds": elapsed, "async_stats": drift}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,12 @@ const char* convert(const void* from, int from_dtype, void* to, int to_dtype, st
 const char* async_average_update(void* w, const void* sum, const void* snapshot, std::int64_t numel,
                                  std::int64_t ranks, int dtype, void* stream) noexcept;
 
+// out[0] += sum over i of (snapshot[i] - sum[i] / ranks)^2 and out[1] += sum
+// over i of (sum[i] / ranks)^2, in double (`out`: two doubles on the device,
+// zeroed by the caller).
+const char* async_average_drift(const void* sum, const void* snapshot, std::int64_t numel,
+                                std::int64_t ranks, int dtype, double* out, void* stream) noexcept;
+
 // diff[i] (fp32) = low_precision_ring_diff(x[i], w[i], l[i], r[i]).
 const char* ring_diff(const void* x, const void* w, const void* l, const void* r, float* diff,
                       std::int64_t numel, int dtype, void* stream) noexcept;

@@ -2,6 +2,7 @@
 // and the agreement on abort; see bagua/ops/asynchronous_model_average.h.
 #include "bagua/ops/asynchronous_model_average.h"
 
+#include <cmath>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -24,6 +25,9 @@ AsyncModelAverageOp::AsyncModelAverageOp(std::shared_ptr<Communicator> comm, con
                   to_string(options_.peer_selection));
   BAGUA_CHECK_ARG(options_.sync_interval.count() >= 0, "sync_interval_ms must be >= 0, got {}",
                   options_.sync_interval.count());
+  BAGUA_CHECK_ARG(options_.max_staleness_steps >= 0,
+                  "max_staleness_steps must be >= 0 (0: unbounded), got {}",
+                  options_.max_staleness_steps);
   BAGUA_CHECK_ARG(is_floating_point(dtype_),
                   "asynchronous model average averages floating point weights, got {}",
                   to_string(dtype_));
@@ -40,6 +44,7 @@ AsyncModelAverageOp::AsyncModelAverageOp(std::shared_ptr<Communicator> comm, con
   }
   snapshot_ = compute_->scratch(bucket.nbytes());
   sum_ = compute_->scratch(bucket.nbytes());
+  if (device_.type == DeviceType::kCUDA) drift_out_ = compute_->scratch(2 * sizeof(double));
 }
 
 AsyncModelAverageOp::~AsyncModelAverageOp() {
@@ -59,6 +64,7 @@ AsyncModelAverageOp::~AsyncModelAverageOp() {
       log().warn("rank {}: asynchronous model average shutdown: {}", comm_->rank(), e.what());
     }
     released_.reset();
+    drift_out_.reset();
     snapshot_.reset();
     sum_.reset();
     compute_.reset();
@@ -77,6 +83,7 @@ void AsyncModelAverageOp::start_locked() {
   want_snapshot_ = false;
   delta_ready_ = false;
   failure_ = nullptr;
+  steps_since_round_ = 0;  // the bound counts from (re)start
   status_ = AsyncStatus::kRunning;
   thread_ = std::jthread([this](const std::stop_token& stop) { loop(stop); });
 }
@@ -148,6 +155,51 @@ AsyncStatus AsyncModelAverageOp::status() const {
 std::int64_t AsyncModelAverageOp::completed_rounds() const {
   std::lock_guard lock(state_mutex_);
   return rounds_;
+}
+
+AsyncRoundStats AsyncModelAverageOp::stats() const {
+  std::lock_guard lock(state_mutex_);
+  return stats_;
+}
+
+void AsyncModelAverageOp::count_step() {
+  std::lock_guard lock(state_mutex_);
+  ++steps_since_round_;
+  ++stats_.steps;
+}
+
+void AsyncModelAverageOp::wait_within_staleness() {
+  const std::int64_t bound = options_.max_staleness_steps;
+  std::unique_lock lock(state_mutex_);
+  if (bound == 0 || steps_since_round_ < bound) return;
+  const auto start = std::chrono::steady_clock::now();
+  const auto limit = options_.sync_interval + 2 * comm_->timeout();
+  const std::int64_t steps = steps_since_round_;
+  // Running, the background thread completes a round (servicing it itself:
+  // the caller does not hold the weight lock), which resets the count.
+  state_changed_.wait_until(lock, start + limit, [&] {
+    return status_ != AsyncStatus::kRunning || steps_since_round_ < bound;
+  });
+  if (failure_) std::rethrow_exception(failure_);
+  if (status_ == AsyncStatus::kRunning && steps_since_round_ >= bound) {
+    throw TimeoutError(fmt::format(
+        "rank {}: op '{}' of bucket '{}': waited {} ms for an averaging round after {} local "
+        "steps (max_staleness_steps={}); is a peer stalled?",
+        comm_->rank(), name(), bucket_name_, limit.count(), steps, bound));
+  }
+  const auto end = std::chrono::steady_clock::now();
+  ++stats_.staleness_waits;
+  stats_.staleness_wait_ms += std::chrono::duration<double, std::milli>(end - start).count();
+  lock.unlock();
+  if (timeline_) {
+    const auto us = [](auto d) {
+      return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+    };
+    const std::int64_t end_us = timeline_->now_us();
+    timeline_->span("staleness_wait", "async_model_average", Timeline::kTrainingLane,
+                    end_us - us(end - start), end_us,
+                    {{"bucket", bucket_name_}, {"steps", steps}, {"bound", bound}});
+  }
 }
 
 void AsyncModelAverageOp::rethrow_failure() const {
@@ -229,6 +281,7 @@ void AsyncModelAverageOp::loop(const std::stop_token& stop) {
     }
     std::lock_guard lock(state_mutex_);
     status_ = AsyncStatus::kStopped;
+    log_stats("stopped", stats_);
   } catch (const std::exception& e) {
     // Rethrown on the training thread, where the user sees it: it must say
     // which op and bucket failed (a dead peer shows only as Gloo's address).
@@ -258,6 +311,8 @@ bool AsyncModelAverageOp::any_rank_aborting() {
 }
 
 void AsyncModelAverageOp::average_round(const std::stop_token& stop) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t start_us = timeline_ ? timeline_->now_us() : 0;
   {
     std::lock_guard lock(state_mutex_);
     want_snapshot_ = true;
@@ -266,13 +321,97 @@ void AsyncModelAverageOp::average_round(const std::stop_token& stop) {
   const TensorView snapshot{snapshot_.data(), numel_, dtype_, device_};
   const TensorView sum{sum_.data(), numel_, dtype_, device_};
   comm_->allreduce(snapshot, sum, ReduceOp::kSum);
+  const auto drift = drift_squared();  // the buffers are ours until the update
   {
     std::lock_guard lock(state_mutex_);
     delta_ready_ = true;
   }
   await_service(stop, [&] { return !delta_ready_; });
-  std::lock_guard lock(state_mutex_);
+  std::unique_lock lock(state_mutex_);
   ++rounds_;
+  const std::int64_t steps = steps_since_round_;
+  record_round_locked(std::chrono::steady_clock::now() - start, drift);
+  const AsyncRoundStats round_stats = stats_;
+  const auto now = std::chrono::steady_clock::now();
+  const bool log_now = now - last_log_ >= kLogEvery;
+  if (log_now) last_log_ = now;
+  lock.unlock();
+  state_changed_.notify_all();  // a training thread may wait for this round
+  if (log_now) log_stats("running", round_stats);
+  if (timeline_) {
+    timeline_->span("async_round", "async_model_average", Timeline::kBackgroundLane, start_us,
+                    timeline_->now_us(),
+                    {{"bucket", bucket_name_},
+                     {"round", round_stats.rounds},
+                     {"steps", steps},
+                     {"drift", std::sqrt(drift.first)},
+                     {"average_norm", std::sqrt(drift.second)}});
+  }
+}
+
+std::pair<double, double> AsyncModelAverageOp::drift_squared() {
+  if (device_.type == DeviceType::kCUDA) {
+    // A reduction on the op's stream, the two doubles copied back.
+    const TensorView snapshot{snapshot_.data(), numel_, dtype_, device_};
+    const TensorView sum{sum_.data(), numel_, dtype_, device_};
+    auto* d_out = static_cast<double*>(drift_out_.data());
+    compute_->zero(d_out, 2 * sizeof(double));
+    compute_->run_custom([] {}, [&](void* stream) {
+      cuda_async_average_drift(sum, snapshot, comm_->size(), d_out, stream);
+    });
+    double host[2] = {0, 0};
+    cuda_copy_async(host, d_out, sizeof host, stream_.get());
+    compute_->finish(fmt::format("rank {}: asynchronous model average drift", comm_->rank()),
+                     comm_->timeout());
+    return {host[0], host[1]};
+  }
+  double drift = 0, average = 0;
+  const double n = comm_->size();
+  dispatch_dtype(dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    const T* sums = static_cast<const T*>(sum_.data());
+    const T* snapshots = static_cast<const T*>(snapshot_.data());
+    for (std::int64_t i = 0; i < numel_; ++i) {
+      const double mean = static_cast<double>(load(sums[i])) / n;
+      const double d = static_cast<double>(load(snapshots[i])) - mean;
+      drift += d * d;
+      average += mean * mean;
+    }
+  });
+  return {drift, average};
+}
+
+void AsyncModelAverageOp::record_round_locked(std::chrono::steady_clock::duration took,
+                                              std::pair<double, double> drift) {
+  AsyncRoundStats& s = stats_;
+  const double ms = std::chrono::duration<double, std::milli>(took).count();
+  s.rounds = rounds_;
+  s.last_round_steps = steps_since_round_;
+  s.max_round_steps = std::max(s.max_round_steps, steps_since_round_);
+  s.steps_in_rounds = s.steps;
+  s.last_round_ms = ms;
+  s.max_round_ms = std::max(s.max_round_ms, ms);
+  s.total_round_ms += ms;
+  s.last_drift_sq = drift.first;
+  s.max_drift_sq = std::max(s.max_drift_sq, drift.first);
+  s.last_average_sq = drift.second;
+  steps_since_round_ = 0;
+}
+
+void AsyncModelAverageOp::log_stats(std::string_view when, const AsyncRoundStats& s) const {
+  const double rounds = static_cast<double>(std::max<std::int64_t>(s.rounds, 1));
+  const double relative =
+      s.last_average_sq > 0 ? std::sqrt(s.last_drift_sq / s.last_average_sq) : 0.0;
+  log().info(
+      "rank {}: asynchronous model average of bucket '{}' {}: {} rounds, {:.1f} steps/round "
+      "(last {}, max {}, bound {}), round {:.1f} ms (last {:.1f}, max {:.1f}), drift to the "
+      "average {:.4g} (relative {:.3g}, max {:.4g}), {} staleness waits ({:.0f} ms)",
+      comm_->rank(), bucket_name_, when, s.rounds, static_cast<double>(s.steps_in_rounds) / rounds,
+      s.last_round_steps, s.max_round_steps,
+      options_.max_staleness_steps > 0 ? std::to_string(options_.max_staleness_steps) : "none",
+      s.total_round_ms / rounds, s.last_round_ms, s.max_round_ms, std::sqrt(s.last_drift_sq),
+      relative, std::sqrt(s.max_drift_sq),
+      s.staleness_waits, s.staleness_wait_ms);
 }
 
 }  // namespace bagua

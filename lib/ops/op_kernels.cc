@@ -21,6 +21,19 @@ void cuda_async_average_update(const TensorView& w, const TensorView& sum,
                        "cuda_async_average_update", w);
 }
 
+void cuda_async_average_drift(const TensorView& sum, const TensorView& snapshot, std::int64_t ranks,
+                              double* d_out, void* stream) {
+  BAGUA_CHECK_ARG(sum.device.type == DeviceType::kCUDA && snapshot.device == sum.device &&
+                      snapshot.numel == sum.numel && snapshot.dtype == sum.dtype,
+                  "cuda_async_average_drift: {} does not match {}", snapshot.describe(),
+                  sum.describe());
+  BAGUA_CHECK_ARG(ranks > 0, "cuda_async_average_drift: ranks must be positive, got {}", ranks);
+  BAGUA_CHECK_ARG(d_out != nullptr, "cuda_async_average_drift: no output");
+  detail::check_launch(kernels::async_average_drift(sum.data, snapshot.data, sum.numel, ranks,
+                                                    static_cast<int>(sum.dtype), d_out, stream),
+                       "cuda_async_average_drift", sum);
+}
+
 void cuda_low_precision_ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,
                                   const TensorView& r, const TensorView& diff, void* stream) {
   for (const auto* view : {&w, &l, &r}) {

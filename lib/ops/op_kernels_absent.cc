@@ -18,6 +18,11 @@ void cuda_async_average_update(const TensorView& w, const TensorView& /*sum*/,
   no_cuda(w);
 }
 
+void cuda_async_average_drift(const TensorView& sum, const TensorView& /*snapshot*/,
+                              std::int64_t /*ranks*/, double* /*d_out*/, void* /*stream*/) {
+  no_cuda(sum);
+}
+
 void cuda_low_precision_ring_diff(const TensorView& x, const TensorView& /*w*/,
                                   const TensorView& /*l*/, const TensorView& /*r*/,
                                   const TensorView& /*diff*/, void* /*stream*/) {

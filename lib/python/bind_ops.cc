@@ -97,20 +97,26 @@ void bind_decentralized_options(py::module_& m) {
 void bind_async_options(py::module_& m) {
   using A = AsyncModelAverageOptions;
   py::class_<A>(m, "AsyncModelAverageOptions")
-      .def(py::init([](PeerSelection peer_selection, std::int64_t sync_interval_ms) {
+      // max_staleness_steps: None (or 0) is unbounded.
+      .def(py::init([](PeerSelection peer_selection, std::int64_t sync_interval_ms,
+                       std::optional<std::int64_t> max_staleness_steps) {
              return A{.peer_selection = peer_selection,
-                      .sync_interval = std::chrono::milliseconds(sync_interval_ms)};
+                      .sync_interval = std::chrono::milliseconds(sync_interval_ms),
+                      .max_staleness_steps = max_staleness_steps.value_or(0)};
            }),
            py::kw_only(), py::arg("peer_selection") = A{}.peer_selection,
-           py::arg("sync_interval_ms") = A{}.sync_interval.count())
+           py::arg("sync_interval_ms") = A{}.sync_interval.count(),
+           py::arg("max_staleness_steps") = std::nullopt)
       .def_readwrite("peer_selection", &A::peer_selection)
+      .def_readwrite("max_staleness_steps", &A::max_staleness_steps)
       .def_property(
           "sync_interval_ms", [](const A& o) { return o.sync_interval.count(); },
           [](A& o, std::int64_t ms) { o.sync_interval = std::chrono::milliseconds(ms); })
       .def("__repr__", [](const A& o) {
         return "AsyncModelAverageOptions(peer_selection=" +
                std::string(to_string(o.peer_selection)) +
-               ", sync_interval_ms=" + std::to_string(o.sync_interval.count()) + ")";
+               ", sync_interval_ms=" + std::to_string(o.sync_interval.count()) +
+               ", max_staleness_steps=" + std::to_string(o.max_staleness_steps) + ")";
       });
 }
 
@@ -263,6 +269,25 @@ void bind_decentralized_handle(py::module_& m) {
                     &DecentralizedSynchronousOp::set_communication_step);
 }
 
+// The raw per-op figures; the algorithm (Python) turns them into its stats().
+py::dict async_stats_dict(const AsyncRoundStats& s) {
+  py::dict d;
+  d["rounds"] = s.rounds;
+  d["steps"] = s.steps;
+  d["last_round_steps"] = s.last_round_steps;
+  d["max_round_steps"] = s.max_round_steps;
+  d["steps_in_rounds"] = s.steps_in_rounds;
+  d["last_round_ms"] = s.last_round_ms;
+  d["max_round_ms"] = s.max_round_ms;
+  d["total_round_ms"] = s.total_round_ms;
+  d["last_drift_sq"] = s.last_drift_sq;
+  d["max_drift_sq"] = s.max_drift_sq;
+  d["last_average_sq"] = s.last_average_sq;
+  d["staleness_waits"] = s.staleness_waits;
+  d["staleness_wait_ms"] = s.staleness_wait_ms;
+  return d;
+}
+
 // lock_weight / unlock_weight: cuda_stream (CUDA weights) is the training
 // stream as an integer, so the background work is ordered after the kernels
 // using the weights.
@@ -286,7 +311,11 @@ void bind_async_handle(py::module_& m) {
       .def("reset", &Op::reset, ReleaseGil())
       .def("get_status", [](const Op& op) { return std::string(to_string(op.status())); })
       .def("rethrow_failure", &Op::rethrow_failure)
-      .def_property_readonly("completed_rounds", &Op::completed_rounds);
+      .def_property_readonly("completed_rounds", &Op::completed_rounds)
+      .def("count_step", &Op::count_step)
+      .def("wait_within_staleness", &Op::wait_within_staleness, ReleaseGil())
+      .def("set_timeline", &Op::set_timeline, py::arg("timeline"))
+      .def("stats", [](const Op& op) { return async_stats_dict(op.stats()); });
 }
 
 }  // namespace

@@ -65,6 +65,18 @@ void bind_cuda_kernels(py::module_& t) {
         cuda_async_average_update(w, sum, snapshot, ranks, as_stream(stream));
       },
       py::arg("w"), py::arg("sum"), py::arg("snapshot"), py::arg("ranks"), py::arg("stream") = 0);
+  // out: a CUDA float64 tensor of 2 elements (zeroed by the caller).
+  t.def(
+      "cuda_async_average_drift",
+      [](const TensorView& sum, const TensorView& snapshot, std::int64_t ranks,
+         const TensorView& out, std::uintptr_t stream) {
+        BAGUA_CHECK_ARG(out.dtype == DType::kFloat64 && out.numel == 2 && out.device == sum.device,
+                        "cuda_async_average_drift: out must be 2 float64 on {}, got {}",
+                        sum.device.str(), out.describe());
+        cuda_async_average_drift(sum, snapshot, ranks, static_cast<double*>(out.data),
+                                 as_stream(stream));
+      },
+      py::arg("sum"), py::arg("snapshot"), py::arg("ranks"), py::arg("out"), py::arg("stream") = 0);
 }
 
 // Pool statistics, to check that steady-state iterations reuse memory and

@@ -216,3 +216,39 @@ TEST_CASE("asynchronous model average: a failure while servicing the weights rel
     CHECK(op->status() == AsyncStatus::kStopped);
   });
 }
+
+TEST_CASE("asynchronous model average: bounded staleness and the drift of each round") {
+  using namespace std::chrono_literals;
+  const int world = 3;  // odd: the mean is not a midpoint
+  const std::int64_t bound = 2;
+  testing::run_ranks(world, [&](Communicator& comm) {
+    const int rank = comm.rank();
+    std::vector<double> w(5, static_cast<double>(rank));
+    Bucket bucket("w", {{"w", view_of(w)}});
+    auto op = std::make_shared<AsyncModelAverageOp>(
+        all_ranks(comm), bucket,
+        AsyncModelAverageOptions{.sync_interval = 20ms, .max_staleness_steps = bound});
+    op->execute(bucket);
+    // Steps far faster than the rounds: each rank must wait for them.
+    for (int step = 0; step < 12; ++step) {
+      op->wait_within_staleness();
+      op->lock_weight();
+      for (auto& v : w) v += 0.001;
+      op->unlock_weight();
+      op->count_step();
+    }
+    const AsyncRoundStats s = op->stats();
+    op->abort();
+    CHECK(s.steps == 12);
+    CHECK(s.max_round_steps <= bound);
+    CHECK(s.staleness_waits >= 1);
+    CHECK(s.rounds >= 12 / bound - 1);
+    // The first round averaged weights 0, 1, 2 (training waited for it):
+    // this rank's distance to the mean 1 over 5 elements, the largest of
+    // all rounds (training adds the same amount on every rank).
+    CHECK(s.max_drift_sq == doctest::Approx(5.0 * (rank - 1) * (rank - 1)).epsilon(1e-2).scale(1));
+    CHECK(s.last_round_ms > 0);
+    // After abort (stopped): no waiting, whatever the count.
+    op->wait_within_staleness();
+  });
+}

@@ -98,11 +98,29 @@ def test_async_update_and_divide_match_the_formula():
     torch.testing.assert_close(gw.cpu(), (w + total / ranks - snapshot) / 3, rtol=1e-6, atol=1e-6)
 
 
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_async_drift_reduction_matches_the_formula(dtype):
+    n, ranks = 100_003, 3  # not a multiple of the block size
+    g = torch.Generator().manual_seed(3)
+    total, snapshot = (torch.randn(n, generator=g).to(dtype) for _ in range(2))
+    out = torch.zeros(2, dtype=torch.float64, device="cuda")
+    bagua_core._testing.cuda_async_average_drift(view(total.cuda()), view(snapshot.cuda()), ranks,
+                                                 view(out), stream())
+    torch.cuda.synchronize()
+    mean = total.double() / ranks
+    expected = torch.stack([((snapshot.double() - mean) ** 2).sum(), (mean ** 2).sum()])
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-9, atol=1e-9)
+
+
 def test_kernel_calls_fail_cleanly_without_a_gpu():
     """Runs everywhere: a host tensor is refused, and without a device a
     kernel call is an exception, never a crash."""
     with pytest.raises(bagua_core.InvalidArgumentError):
         bagua_core._testing.cuda_divide_inplace(bagua_core.TensorView(0, 4, "float32", "cpu"), 2)
+    host = bagua_core.TensorView(0, 4, "float32", "cpu")
+    with pytest.raises(bagua_core.InvalidArgumentError):
+        bagua_core._testing.cuda_async_average_drift(host, host, 2, bagua_core.TensorView(0, 2, "float64", "cpu"))
     if not HAVE_GPU:
         with pytest.raises(bagua_core.BaguaError):
             bagua_core._testing.cuda_divide_inplace(bagua_core.TensorView(0, 4, "float32", "cuda:0"), 2)

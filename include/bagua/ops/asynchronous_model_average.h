@@ -22,6 +22,21 @@
 // host waiting for the op's stream, so work the training thread enqueues
 // after lock_weight returns comes after the update.
 //
+// Bounded staleness (options.max_staleness_steps = K > 0): the training
+// thread reports each local step (`count_step`) and, before the next one,
+// calls `wait_within_staleness`: once K steps were taken since the last
+// completed round it waits, without the weight lock, until a round completes
+// (the background thread then services the round itself). So no rank runs
+// more than K local steps between two completed rounds. K = 0: unbounded
+// (Bagua's behaviour).
+//
+// Drift (`stats()`): per round, the steps counted since the previous round,
+// the round's duration (agreement to update applied) and the distance
+// ||snapshot - average|| of this rank's weights to the round's average
+// (host loop, or a reduction kernel on the op's stream for CUDA buckets). A
+// summary goes to the log at info at most every kLogEvery, and each round is
+// a span on the timeline when one is set.
+//
 // A service that throws (a device wait past the timeout, say) leaves the
 // weight lock free: the failure is the round's, stored and reported by
 // status()/rethrow_failure(); training can still lock the weights.
@@ -38,6 +53,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -48,12 +64,30 @@
 #include "bagua/runtime/bucket.h"
 #include "bagua/runtime/comm_op.h"
 #include "bagua/runtime/compute.h"
+#include "bagua/runtime/timeline.h"
 
 namespace bagua {
 
 struct AsyncModelAverageOptions {
   PeerSelection peer_selection = PeerSelection::kAll;
   std::chrono::milliseconds sync_interval{500};
+  // Local steps a rank may take between two completed rounds; 0: unbounded.
+  std::int64_t max_staleness_steps = 0;
+};
+
+// What the rounds of one op did on this rank (see "Drift" above). Squared
+// distances are over the op's bucket.
+struct AsyncRoundStats {
+  std::int64_t rounds = 0;            // completed rounds
+  std::int64_t steps = 0;             // local steps counted
+  std::int64_t last_round_steps = 0;  // steps between the last two completions
+  std::int64_t max_round_steps = 0;
+  std::int64_t steps_in_rounds = 0;   // steps up to the last completion
+  double last_round_ms = 0, max_round_ms = 0, total_round_ms = 0;
+  double last_drift_sq = 0, max_drift_sq = 0;  // ||snapshot - average||^2
+  double last_average_sq = 0;                  // ||average||^2
+  std::int64_t staleness_waits = 0;
+  double staleness_wait_ms = 0;
 };
 
 enum class AsyncStatus : std::uint8_t { kIdle, kRunning, kStopped, kFailed };
@@ -96,6 +130,21 @@ class AsyncModelAverageOp final : public CommOp {
   void reset();
   AsyncStatus status() const;
   std::int64_t completed_rounds() const;
+  AsyncRoundStats stats() const;
+
+  // Training thread: one more local step was taken (after the optimizer
+  // step, once per step whatever the number of optimizers).
+  void count_step();
+  // Training thread, before a step, not holding the weight lock: with a
+  // staleness bound, waits until a round completes if max_staleness_steps
+  // steps were taken since the last one. Returns at once when the rounds
+  // are not running; rethrows the rounds' failure; TimeoutError after
+  // sync_interval + 2 x the communicator's timeout.
+  void wait_within_staleness();
+  // Rounds and staleness waits become spans on this timeline (set before
+  // execute; null: none).
+  void set_timeline(std::shared_ptr<Timeline> timeline) { timeline_ = std::move(timeline); }
+  static constexpr std::chrono::seconds kLogEvery{10};
   // The failure of the background thread, if it failed (rethrown).
   void rethrow_failure() const;
 
@@ -116,6 +165,13 @@ class AsyncModelAverageOp final : public CommOp {
   bool any_rank_aborting();
   // One round: snapshot, allreduce(sum) of the snapshots, update.
   void average_round(const std::stop_token& stop);
+  // ||snapshot - sum / n||^2 and ||sum / n||^2 over the bucket (a kernel
+  // and a copy of two doubles for CUDA buckets).
+  std::pair<double, double> drift_squared();
+  // Records a completed round in stats_ (state lock held).
+  void record_round_locked(std::chrono::steady_clock::duration took,
+                           std::pair<double, double> drift);
+  void log_stats(std::string_view when, const AsyncRoundStats& stats) const;
   // Snapshot / update work requested by the background thread; the caller
   // holds the weight lock. `after` (CUDA: an event on the training stream,
   // or null) must complete before the work starts.
@@ -141,6 +197,10 @@ class AsyncModelAverageOp final : public CommOp {
   AsyncStatus status_ = AsyncStatus::kIdle;
   std::exception_ptr failure_;
   std::int64_t rounds_ = 0;
+  std::int64_t steps_since_round_ = 0;
+  AsyncRoundStats stats_;
+  std::chrono::steady_clock::time_point last_log_{};
+  std::shared_ptr<Timeline> timeline_;
 
   // Snapshot and sum buffers on the weights' device, and the compute that
   // fills them: host loops, or kernels on a stream of this op's own (CUDA).
@@ -149,6 +209,7 @@ class AsyncModelAverageOp final : public CommOp {
   std::unique_ptr<Compute> compute_;
   CachingAllocator::Block snapshot_;
   CachingAllocator::Block sum_;
+  CachingAllocator::Block drift_out_;  // CUDA: the drift reduction's two doubles
   // CUDA: recorded on the training stream by the last unlock_weight (guarded
   // by the weight lock).
   EventPool::Lease released_;

@@ -24,6 +24,12 @@ namespace bagua {
 void cuda_async_average_update(const TensorView& w, const TensorView& sum,
                                const TensorView& snapshot, std::int64_t ranks, void* stream);
 
+// d_out[0] += ||snapshot - sum / ranks||^2, d_out[1] += ||sum / ranks||^2 on
+// the device (sum, snapshot of one dtype and size; d_out: two doubles on the
+// same device, zeroed by the caller).
+void cuda_async_average_drift(const TensorView& sum, const TensorView& snapshot, std::int64_t ranks,
+                              double* d_out, void* stream);
+
 // diff (fp32) = low_precision_ring_diff(x, w, l, r) element-wise (x, w, l, r
 // of one dtype and size), on the device.
 void cuda_low_precision_ring_diff(const TensorView& x, const TensorView& w, const TensorView& l,

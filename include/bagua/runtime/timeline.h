@@ -25,6 +25,8 @@ class Timeline {
   // Thread lanes of the trace.
   static constexpr int kTrainingLane = 0;
   static constexpr int kCommunicationLane = 1;
+  // Ops' own background threads (asynchronous model average rounds).
+  static constexpr int kBackgroundLane = 2;
 
   explicit Timeline(int rank) : rank_(rank), origin_(std::chrono::steady_clock::now()) {}
 
@@ -76,6 +78,11 @@ class Timeline {
                       {"pid", rank_},
                       {"tid", kCommunicationLane},
                       {"args", {{"name", "communication"}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", rank_},
+                      {"tid", kBackgroundLane},
+                      {"args", {{"name", "background"}}}});
     for (const auto& event : events_) events.push_back(event);
     return nlohmann::json{{"traceEvents", std::move(events)},
                           {"displayTimeUnit", "ms"},

@@ -165,15 +165,23 @@ class BaguaBucket:
         return DecentralizedSynchronousOp(op)
 
     def append_asynchronous_model_average_op(self, peer_selection_mode: str = "all", group=None,
-                                             sync_interval_ms: int = 500):
+                                             sync_interval_ms: int = 500, max_staleness_steps=None):
         """Asynchronous model average of this bucket (weights) over the group,
         in a background thread every ``sync_interval_ms``; returns the op
         (``lock_weight``, ``unlock_weight``, ``abort``, ``resume``, ``reset``,
-        ``get_status``). The background rounds start when the op first runs."""
+        ``get_status``, ``count_step``, ``wait_within_staleness``, ``stats``).
+        The background rounds start when the op first runs.
+        ``max_staleness_steps``: None (unbounded) or the local steps allowed
+        between two completed rounds (see ``wait_within_staleness``)."""
         if not isinstance(sync_interval_ms, int) or isinstance(sync_interval_ms, bool):
             raise InvalidArgumentError(f"sync_interval_ms must be an integer, got {sync_interval_ms!r}")
+        if max_staleness_steps is not None and (not isinstance(max_staleness_steps, int) or
+                                                isinstance(max_staleness_steps, bool) or max_staleness_steps < 1):
+            raise InvalidArgumentError(
+                f"max_staleness_steps must be None or an integer >= 1, got {max_staleness_steps!r}")
         options = core.AsyncModelAverageOptions(peer_selection=core.parse_peer_selection(peer_selection_mode),
-                                                sync_interval_ms=sync_interval_ms)
+                                                sync_interval_ms=sync_interval_ms,
+                                                max_staleness_steps=max_staleness_steps)
         group = _group_or_default(group)
         return self.backend_bucket.append_asynchronous_model_average_op(
             group.new_dedicated_communicator(), options)
