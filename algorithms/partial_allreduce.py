@@ -162,6 +162,7 @@ class _StaticProgress:
         self.max_trained = 0
         self.all_stopped = False
         self._error = None
+        self._stop = False
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="bagua-static-progress", daemon=True)
         self._thread.start()
@@ -172,7 +173,7 @@ class _StaticProgress:
         count = torch.zeros(1, dtype=torch.int64)
         count_view = core.TensorView(count.data_ptr(), 1, "int64", "cpu")
         try:
-            while True:
+            while not self._stop:
                 mine[0] = self.trained
                 count[0] = int(self.stopped)
                 self._comm.allreduce(view, view, "max")
@@ -209,6 +210,13 @@ class _StaticProgress:
 
     def join(self) -> None:
         self._thread.join()
+
+    def stop(self, timeout_s: float) -> None:
+        """After a failure: end the rounds. A round in flight ends within the
+        communicator's timeout (its peers stop too); joining it keeps the
+        thread from running into the interpreter's exit."""
+        self._stop = True
+        self._thread.join(timeout_s)
 
 
 class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
@@ -393,6 +401,8 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
             # the others fail within their timeout instead of waiting for us.
             self._aborted = True
             self._inflight = None
+            if self._progress is not None:
+                self._progress.stop(core.env().comm_timeout_s + 1.0)
             self._comm = self._generator = self._progress = None
             return
         self._finish_reduce(bagua_ddp)

@@ -12,7 +12,7 @@ echo "== C++ tests (doctest) =="
 meson test -C build --print-errorlogs
 
 echo "== Python tests (pytest) =="
-"$BAGUA_PYTHON" -m pytest -q --timeout=900 tests/python "$@"
+"$BAGUA_PYTHON" -m pytest -q --timeout=900 --durations=15 tests/python "$@"
 
 echo "== packaging: pip install into a fresh venv =="
 bash scripts/check_install.sh

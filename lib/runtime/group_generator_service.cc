@@ -261,6 +261,22 @@ void GroupGeneratorService::serve() {
       send_deliveries(deliveries);
       changed_.notify_all();
     }
+  } catch (const BackendError& e) {
+    // Gloo names the failed connection by address only: list the ranks the
+    // host was serving, one of which failed or exited.
+    std::vector<std::string> open;
+    {
+      const std::lock_guard lock(mutex_);
+      for (int r = 0; r < options_.world_size; ++r) {
+        if (r != rank_ && !closed_[static_cast<std::size_t>(r)]) open.push_back(fmt::format("rank {}", r));
+      }
+    }
+    const std::lock_guard lock(mutex_);
+    failure_ = std::make_exception_ptr(BackendError(fmt::format(
+        "group generator host (rank {}): lost the control channel (one of {} failed or exited): {}",
+        rank_, fmt::join(open, ", "), e.what())));
+    if (!stopping_) log().error("group generator host (rank {}) stops: {}", rank_, e.what());
+    changed_.notify_all();
   } catch (const std::exception& e) {
     if (stopping_) {
       log().debug("group generator host (rank {}) stopped before every rank closed", rank_);
