@@ -95,7 +95,7 @@ def _flat(model):
     return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
 
 
-def scenario_train(out_dir, generator, overlap, lr, interval="1", group_size="3"):
+def scenario_train(out_dir, generator, overlap, lr, interval="1", group_size="3", low_precision="0"):
     """PartialAllReduceAlgorithm with plain SGD; ranks start from different
     weights and stop at different step counts (abort at their own step).
     Saves what I1 (lr = 0: serial replay) and I2 (conservation) need."""
@@ -107,7 +107,8 @@ def scenario_train(out_dir, generator, overlap, lr, interval="1", group_size="3"
     lr = float(lr)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     algorithm = PartialAllReduceAlgorithm(group_size=min(int(group_size), n), group_generator=generator,
-                                          overlap=overlap == "1", communication_interval=int(interval))
+                                          overlap=overlap == "1", communication_interval=int(interval),
+                                          low_precision=low_precision == "1")
     model = model.with_bagua([opt], algorithm)
     with torch.no_grad():  # after with_bagua's broadcast: every rank its own start
         g = torch.Generator().manual_seed(100 + rank)
