@@ -340,7 +340,8 @@ class GlooCommunicator final : public Communicator {
     int sender = -1;
     run("recv_any", [&] {
       auto unbound = context_->createUnboundBuffer(buffer.data, buffer.nbytes());
-      unbound->recv(std::vector<int>(peers.begin(), peers.end()), kTaggedSlotBase | (tag & kTagMask));
+      unbound->recv(std::vector<int>(peers.begin(), peers.end()),
+                    kTaggedSlotBase | (tag & kTagMask));
       {
         const std::lock_guard lock(any_mutex_);
         if (aborted_.load()) return;
@@ -363,8 +364,8 @@ class GlooCommunicator final : public Communicator {
       if (!received) sender = -1;
     });
     if (sender < 0) {
-      throw BackendError(fmt::format("recv_any on rank {} of {}: the communicator was aborted",
-                                     rank_, size_));
+      throw BackendError(
+          fmt::format("recv_any on rank {} of {}: the communicator was aborted", rank_, size_));
     }
     count(buffer.nbytes());
     return sender;

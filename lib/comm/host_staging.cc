@@ -76,8 +76,8 @@ class HostStagingCommunicator final : public Communicator {
   void do_barrier() override { inner_->barrier(); }
   int do_recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
                   bool wait_forever) override {
-    BAGUA_CHECK_ARG(buffer.device.type == DeviceType::kCPU,
-                    "recv_any takes a host buffer, got {}", buffer.describe());
+    BAGUA_CHECK_ARG(buffer.device.type == DeviceType::kCPU, "recv_any takes a host buffer, got {}",
+                    buffer.describe());
     return inner_->recv_any(buffer, peers, tag, wait_forever);
   }
   void do_partial_allreduce(const TensorView& send, const TensorView& recv,

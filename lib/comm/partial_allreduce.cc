@@ -17,51 +17,18 @@
 #include <fmt/ranges.h>
 
 #include "bagua/comm/communicator.h"
+#include "bagua/comm/group_tags.h"
 #include "bagua/core/elementwise.h"
 #include "bagua/core/errors.h"
 
 namespace bagua {
 namespace {
 
-// Steps of one call live in the low bits of the tag (step 0: the check).
-constexpr int kStepBits = 16;
-constexpr int kKeyBits = 39;
-
-// SplitMix64's finalizer: a well-mixed, portable 64-bit hash.
-std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
-std::uint64_t members_hash(std::span<const int> members) {
-  std::uint64_t hash = mix64(members.size());
-  for (int r : members) hash = mix64(hash ^ static_cast<std::uint64_t>(r));
-  return hash;
-}
-
-// Nonzero, below 2^56 (what a Gloo slot of ours has room for), distinct per
-// (members, group id, step) up to a 2^-39 chance of collision.
-std::uint64_t step_tag(std::uint64_t group_key, int step) {
-  return (group_key << kStepBits) | static_cast<std::uint64_t>(step);
-}
-
-std::uint64_t group_key(std::span<const int> members, std::uint64_t group_id) {
-  const std::uint64_t key = mix64(members_hash(members) ^ mix64(group_id));
-  return (key & ((1ULL << kKeyBits) - 1)) | (1ULL << kKeyBits);
-}
-
-// Chunk c of m over n elements: sizes differ by at most one.
-struct Chunk {
-  std::int64_t offset = 0;
-  std::int64_t numel = 0;
-};
-
-Chunk chunk_of(std::int64_t n, int m, int c) {
-  const std::int64_t base = n / m, rest = n % m;
-  return {c * base + std::min<std::int64_t>(c, rest), base + (c < rest ? 1 : 0)};
-}
+using group_tags::Chunk;
+using group_tags::chunk_of;
+using group_tags::group_key;
+using group_tags::members_hash;
+using group_tags::step_tag;
 
 // The members and the place of this rank among them, with the tags of the call.
 struct Ring {
@@ -113,8 +80,8 @@ void verify_members_agree(Ring& ring, const TensorView& send, ReduceOp op) {
     sends.push_back({TensorView{const_cast<std::int64_t*>(mine.data()), kFields, DType::kInt64, {}},
                      peer, tag});
     receives.push_back(
-        {TensorView{theirs.data() + static_cast<std::ptrdiff_t>(i) * kFields, kFields,
-                    DType::kInt64, {}},
+        {TensorView{
+             theirs.data() + static_cast<std::ptrdiff_t>(i) * kFields, kFields, DType::kInt64, {}},
          peer, tag});
   }
   ring.comm.send_recv(sends, receives);
@@ -123,15 +90,15 @@ void verify_members_agree(Ring& ring, const TensorView& send, ReduceOp op) {
     if (i == ring.me) continue;
     const auto* row = theirs.data() + static_cast<std::ptrdiff_t>(i) * kFields;
     if (std::equal(row, row + kFields, mine.begin())) continue;
-    detail += fmt::format("; rank {} passed {}[{}] op {}{}", ring.members[static_cast<std::size_t>(i)],
-                          to_string(static_cast<DType>(row[1])), row[0],
-                          to_string(static_cast<ReduceOp>(row[2])),
-                          row[3] == mine[3] ? "" : " and another member list");
+    detail += fmt::format(
+        "; rank {} passed {}[{}] op {}{}", ring.members[static_cast<std::size_t>(i)],
+        to_string(static_cast<DType>(row[1])), row[0], to_string(static_cast<ReduceOp>(row[2])),
+        row[3] == mine[3] ? "" : " and another member list");
   }
   if (!detail.empty()) {
-    throw InvalidArgument(fmt::format("{}: the members passed different calls: this rank {}[{}] op {}{}",
-                                      describe_group(ring), to_string(send.dtype), send.numel,
-                                      to_string(op), detail));
+    throw InvalidArgument(fmt::format(
+        "{}: the members passed different calls: this rank {}[{}] op {}{}", describe_group(ring),
+        to_string(send.dtype), send.numel, to_string(op), detail));
   }
 }
 

@@ -7,37 +7,21 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "bagua/comm/group_tags.h"
 #include "bagua/compression/minmax_uint8.h"
 #include "bagua/core/errors.h"
 
 namespace bagua {
 namespace {
 
-// SplitMix64's finalizer.
-std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
+using group_tags::Chunk;
+using group_tags::chunk_of;
 
-// Tags of the two phases: nonzero, below 2^56, distinct from the full
-// precision ring's by the salt.
+// The tags of the two phases: another salt than the full precision ring's.
+constexpr std::uint64_t kLowPrecisionSalt = 0x4C505052;  // "LPPR"
+
 std::uint64_t phase_tag(std::span<const int> members, std::uint64_t group_id, int phase) {
-  std::uint64_t hash = mix64(0x4C505052ULL ^ members.size());  // "LPPR"
-  for (int r : members) hash = mix64(hash ^ static_cast<std::uint64_t>(r));
-  hash = mix64(hash ^ mix64(group_id));
-  return ((hash & ((1ULL << 40) - 1)) | (1ULL << 40)) << 8 | static_cast<std::uint64_t>(phase);
-}
-
-struct Chunk {
-  std::int64_t offset = 0;
-  std::int64_t numel = 0;
-};
-
-Chunk chunk_of(std::int64_t n, int m, int c) {
-  const std::int64_t base = n / m, rest = n % m;
-  return {c * base + std::min<std::int64_t>(c, rest), base + (c < rest ? 1 : 0)};
+  return group_tags::step_tag(group_tags::group_key(members, group_id, kLowPrecisionSalt), phase);
 }
 
 void check_call(const Communicator& comm, const TensorView& buffer, std::span<const int> members) {
@@ -80,8 +64,8 @@ void reduce_in_group(Communicator& comm, const TensorView& buffer, std::span<con
                      std::uint64_t group_id) {
   const int m = static_cast<int>(members.size());
   if (m == 1 || buffer.numel == 0) return;
-  const int me = static_cast<int>(std::find(members.begin(), members.end(), comm.rank()) -
-                                  members.begin());
+  const int me =
+      static_cast<int>(std::find(members.begin(), members.end(), comm.rank()) - members.begin());
   auto* x = buffer.data_as<float>();
   const Chunk own = chunk_of(buffer.numel, m, me);
   const auto bytes_of = [](const Chunk& c) { return minmax_uint8::compressed_bytes(c.numel); };
@@ -111,8 +95,9 @@ void reduce_in_group(Communicator& comm, const TensorView& buffer, std::span<con
   // decoded), compressed once: every member decodes these same bytes.
   float* mine = x + own.offset;
   for (int j = 0; j < m; ++j) {
-    if (j != me) minmax_uint8::decompress<float>(incoming[static_cast<std::size_t>(j)].data(),
-                                                  own.numel, mine, /*accumulate=*/true);
+    if (j != me)
+      minmax_uint8::decompress<float>(incoming[static_cast<std::size_t>(j)].data(), own.numel, mine,
+                                      /*accumulate=*/true);
   }
   for (std::int64_t i = 0; i < own.numel; ++i) mine[i] /= static_cast<float>(m);
   std::vector<std::byte> average(bytes_of(own));

@@ -43,22 +43,22 @@ void bind_group_generator(py::module_& m) {
         low_precision_partial_allreduce(comm, buffer, members, group_id);
       },
       py::arg("comm"), py::arg("buffer"), py::arg("members"), py::arg("group_id"), ReleaseGil());
-  py::class_<GroupGeneratorService, std::shared_ptr<GroupGeneratorService>>(
-      m, "GroupGeneratorService")
-      .def(py::init([](Communicator& comm, int group_size, const std::string& mode,
-                       std::optional<std::int64_t> slowdown_threshold,
-                       std::optional<int> local_size, bool inter_intra, std::uint64_t seed,
-                       int host_rank) {
-             return std::make_shared<GroupGeneratorService>(
-                 comm,
-                 service_options(comm.size(), group_size, mode, slowdown_threshold, local_size,
-                                 inter_intra, seed),
-                 host_rank);
-           }),
-           py::arg("comm"), py::arg("group_size"), py::arg("mode"),
-           py::arg("slowdown_threshold") = std::nullopt, py::arg("local_size") = std::nullopt,
-           py::arg("inter_intra") = false, py::arg("seed") = 0, py::arg("host_rank") = 0,
-           ReleaseGil())
+  py::class_<GroupGeneratorService, std::shared_ptr<GroupGeneratorService>>(m,
+                                                                            "GroupGeneratorService")
+      .def(
+          py::init([](Communicator& comm, int group_size, const std::string& mode,
+                      std::optional<std::int64_t> slowdown_threshold, std::optional<int> local_size,
+                      bool inter_intra, std::uint64_t seed, int host_rank) {
+            return std::make_shared<GroupGeneratorService>(
+                comm,
+                service_options(comm.size(), group_size, mode, slowdown_threshold, local_size,
+                                inter_intra, seed),
+                host_rank);
+          }),
+          py::arg("comm"), py::arg("group_size"), py::arg("mode"),
+          py::arg("slowdown_threshold") = std::nullopt, py::arg("local_size") = std::nullopt,
+          py::arg("inter_intra") = false, py::arg("seed") = 0, py::arg("host_rank") = 0,
+          ReleaseGil())
       .def(
           "acquire",
           [](GroupGeneratorService& s) -> std::optional<GroupTuple> {

@@ -40,7 +40,7 @@ TensorView int64_view(std::vector<std::int64_t>& message) {
 
 GroupGeneratorService::GroupGeneratorService(Communicator& comm, GroupGeneratorOptions options,
                                              int host_rank)
-    : options_(std::move(options)),
+    : options_(options),
       rank_(comm.rank()),
       host_(host_rank),
       message_len_(kHeader + static_cast<std::size_t>(comm.size())) {
@@ -96,9 +96,9 @@ std::optional<Group> GroupGeneratorService::acquire() {
       });
       rethrow_if_failed();
       if (!granted) {
-        throw TimeoutError(fmt::format(
-            "group generator on rank {} (host): no group granted within {} ms", rank_,
-            control_->timeout().count()));
+        throw TimeoutError(
+            fmt::format("group generator on rank {} (host): no group granted within {} ms", rank_,
+                        control_->timeout().count()));
       }
     }
     if (reply.kind == ReplyKind::kWait) reply = *std::exchange(local_reply_, std::nullopt);
@@ -181,8 +181,9 @@ void GroupGeneratorService::close() {
 }
 
 GroupGeneratorStats GroupGeneratorService::engine_stats() const {
-  BAGUA_CHECK_ARG(is_host(), "group generator: engine statistics live on the host (rank {}), not {}",
-                  host_, rank_);
+  BAGUA_CHECK_ARG(is_host(),
+                  "group generator: engine statistics live on the host (rank {}), not {}", host_,
+                  rank_);
   const std::lock_guard lock(mutex_);
   return engine_->stats();
 }
@@ -211,8 +212,9 @@ std::vector<std::int64_t> GroupGeneratorService::ask(std::int64_t kind, std::int
     control_->send_recv(sends, expect_reply ? std::span<const PeerMessage>(receives)
                                             : std::span<const PeerMessage>());
   } catch (const TimeoutError& e) {
-    throw TimeoutError(fmt::format("group generator on rank {}: no answer from the host (rank {}): {}",
-                                   rank_, host_, e.what()));
+    throw TimeoutError(
+        fmt::format("group generator on rank {}: no answer from the host (rank {}): {}", rank_,
+                    host_, e.what()));
   } catch (const BackendError& e) {
     throw BackendError(fmt::format("group generator on rank {}: the host (rank {}) failed: {}",
                                    rank_, host_, e.what()));
@@ -268,7 +270,8 @@ void GroupGeneratorService::serve() {
     {
       const std::lock_guard lock(mutex_);
       for (int r = 0; r < options_.world_size; ++r) {
-        if (r != rank_ && !closed_[static_cast<std::size_t>(r)]) open.push_back(fmt::format("rank {}", r));
+        if (r != rank_ && !closed_[static_cast<std::size_t>(r)])
+          open.push_back(fmt::format("rank {}", r));
       }
     }
     const std::lock_guard lock(mutex_);
@@ -304,9 +307,7 @@ std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::handle(
     case kComplete:
       engine_->complete(sender, static_cast<std::uint64_t>(message[kGroupId]));
       return wake_waiters();
-    case kLeave:
-      engine_->leave(sender);
-      return wake_waiters();
+    case kLeave: engine_->leave(sender); return wake_waiters();
     case kClose:
       closed_[static_cast<std::size_t>(sender)] = true;
       return {Delivery{sender, encode(kClosedReply, 0)}};
@@ -334,8 +335,8 @@ std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::deliver(
     return {};
   }
   if (reply.kind == ReplyKind::kDone) return {Delivery{rank, encode(kDoneReply, 0)}};
-  return {Delivery{rank, encode(kGroupReply, static_cast<std::int64_t>(reply.group.id),
-                                reply.group.ranks)}};
+  return {Delivery{
+      rank, encode(kGroupReply, static_cast<std::int64_t>(reply.group.id), reply.group.ranks)}};
 }
 
 void GroupGeneratorService::send_deliveries(const std::vector<Delivery>& deliveries) {
@@ -372,8 +373,9 @@ void GroupGeneratorService::check_silent_ranks() {
         "group generator host (rank {}): rank {} holds group {} and has not contacted the host "
         "for {:.1f} s (timeout {} ms): presumed dead",
         rank_, r, group, silent, control_->timeout().count())));
-    log().error("group generator host (rank {}): rank {} silent for {:.1f} s while holding group {}",
-                rank_, r, silent, group);
+    log().error(
+        "group generator host (rank {}): rank {} silent for {:.1f} s while holding group {}", rank_,
+        r, silent, group);
     changed_.notify_all();
     return;
   }

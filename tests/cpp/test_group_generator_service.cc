@@ -73,8 +73,8 @@ void check_invariants(const std::vector<RankLog>& logs) {
       CHECK(std::count(g.group.ranks.begin(), g.group.ranks.end(), static_cast<int>(r)) == 1);
       CHECK(g.t_end >= g.t_start);
       if (i > 0) {
-        CHECK(g.group.id > history[i - 1].group.id);      // increasing ids
-        CHECK(g.t_start >= history[i - 1].t_end);          // one group at a time
+        CHECK(g.group.id > history[i - 1].group.id);  // increasing ids
+        CHECK(g.t_start >= history[i - 1].t_end);     // one group at a time
       }
     }
     sum += logs[r].value[0];
@@ -103,7 +103,8 @@ TEST_CASE("group generator service: smart and random groups complete, logs agree
       const auto logs = run_service(world, options, [](int rank) { return 20 + 7 * rank; });
       check_invariants(logs);
       for (int r = 0; r < world; ++r) {
-        CHECK(logs[static_cast<std::size_t>(r)].history.size() >= static_cast<std::size_t>(20 + 7 * r));
+        CHECK(logs[static_cast<std::size_t>(r)].history.size() >=
+              static_cast<std::size_t>(20 + 7 * r));
       }
     }
   }

@@ -118,7 +118,8 @@ TEST_CASE("partial_allreduce: ranks outside the group are untouched and not invo
   CHECK(results[3][0] == 2.0f);
 }
 
-TEST_CASE("partial_allreduce: the whole group equals allreduce, and bytes are 2(m-1)/m per member") {
+TEST_CASE(
+    "partial_allreduce: the whole group equals allreduce, and bytes are 2(m-1)/m per member") {
   constexpr std::int64_t n = 30000;
   testing::run_ranks(4, [&](Communicator& comm) {
     std::vector<double> a(n), b(n);
@@ -144,13 +145,13 @@ TEST_CASE("partial_allreduce: overlapping groups called in the same order, many 
     x.assign(17, static_cast<double>(comm.rank()));
     for (int round = 0; round < 40; ++round) {
       const int r = comm.rank();
-      std::vector<int> group = round % 2 == 0 ? std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}
+      std::vector<int> group = round % 2 == 0       ? std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}
                                : (r == 1 || r == 2) ? std::vector<int>{1, 2}
                                                     : std::vector<int>{0, 3};
       const std::uint64_t id = comm.next_partial_id(group);
       comm.partial_allreduce(TensorView{x.data(), 17, DType::kFloat64, {}},
-                             TensorView{x.data(), 17, DType::kFloat64, {}}, group,
-                             ReduceOp::kAvg, id);
+                             TensorView{x.data(), 17, DType::kFloat64, {}}, group, ReduceOp::kAvg,
+                             id);
     }
   });
   // Doubly stochastic steps conserve the sum; 40 of them reach consensus.
@@ -168,8 +169,7 @@ TEST_CASE("partial_allreduce: members that disagree fail with the group named, n
           std::vector<float> x(100, static_cast<float>(comm.rank()));
           const int members[] = {0, 1};
           const TensorView view{x.data(), 100, DType::kFloat32, {}};
-          comm.partial_allreduce(view, view, members, ReduceOp::kAvg,
-                                 comm.rank() == 0 ? 5 : 6);
+          comm.partial_allreduce(view, view, members, ReduceOp::kAvg, comm.rank() == 0 ? 5 : 6);
         },
         std::chrono::milliseconds(500));
     for (const auto& message : errors) {
@@ -201,8 +201,7 @@ TEST_CASE("partial_allreduce: bad member lists are InvalidArgument before any co
     std::vector<float> x(4), y(5);
     const TensorView vx{x.data(), 4, DType::kFloat32, {}};
     const TensorView vy{y.data(), 5, DType::kFloat32, {}};
-    const std::vector<int> others = comm.rank() == 0 ? std::vector<int>{1, 2}
-                                                     : std::vector<int>{0};
+    const std::vector<int> others = comm.rank() == 0 ? std::vector<int>{1, 2} : std::vector<int>{0};
     const std::vector<int> unsorted{2, 1, 0}, duplicate{0, 0, 1, 2}, outside{0, 1, 2, 3};
     const std::vector<int> empty;
     CHECK_THROWS_AS(comm.partial_allreduce(vx, vx, others, ReduceOp::kSum, 0), InvalidArgument);

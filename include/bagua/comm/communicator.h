@@ -155,8 +155,8 @@ class Communicator {
   virtual void do_send_recv(std::span<const PeerMessage> sends,
                             std::span<const PeerMessage> receives) = 0;
   virtual void do_barrier() = 0;
-  virtual int do_recv_any(const TensorView& buffer, std::span<const int> peers,
-                          std::uint64_t tag, bool wait_forever);
+  virtual int do_recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
+                          bool wait_forever);
   // Default: the ring over tagged send_recv with host reductions (host
   // buffers only); staging backends override it.
   virtual void do_partial_allreduce(const TensorView& send, const TensorView& recv,

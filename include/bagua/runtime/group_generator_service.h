@@ -90,7 +90,7 @@ class GroupGeneratorService {
   std::vector<Delivery> wake_waiters();
   std::vector<Delivery> deliver(int rank, const GroupReply& reply);
   void send_deliveries(const std::vector<Delivery>& deliveries);  // without mutex_
-  void serve();  // the service thread
+  void serve();                                                   // the service thread
   // The watchdog thread: a rank that holds a group (others will wait for
   // it) and has not contacted the host for the communicator's timeout is
   // presumed dead; the host's calls then raise, naming it.
