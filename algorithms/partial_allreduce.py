@@ -27,13 +27,13 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Callable, List, NamedTuple, Optional
+from typing import Callable, List, Optional
 
 import torch
 
 from bagua.torch_api import InvalidArgumentError, get_local_size, partial_allreduce_inplace
 from bagua.torch_api._core import core
-from bagua.torch_api.algorithms._ripples_engine import GroupGeneratorEngine, static_schedule
+from bagua.torch_api.algorithms._ripples_engine import Group, GroupGeneratorEngine, static_schedule
 from bagua.torch_api.algorithms.base import (
     Algorithm,
     AlgorithmImpl,
@@ -49,13 +49,6 @@ __all__ = ["PartialAllReduceAlgorithm", "PartialAllReduceAlgorithmImpl", "GroupG
 
 GENERATORS = ("static", "random", "smart")
 _log = logging.getLogger(__name__)
-
-
-class Group(NamedTuple):
-    """A group of ranks to P-Reduce together; ``id`` orders the groups."""
-
-    id: int
-    ranks: List[int]
 
 
 class GroupGenerator:
@@ -95,8 +88,7 @@ class GroupGenerator:
     def acquire_group(self) -> Optional[Group]:
         """This rank's next group (blocking), or None once it left and
         drained. Call :meth:`complete` after executing it."""
-        got = self._service.acquire()
-        return None if got is None else Group(got[0], list(got[1]))
+        return self._service.acquire()
 
     def complete(self, group: Group) -> None:
         self._service.complete(group.id)

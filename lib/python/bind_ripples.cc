@@ -3,6 +3,11 @@
 // (include/bagua/runtime/group_generator.h). The Python face with argument
 // checks and docstrings is algorithms/_ripples_engine.py.
 //
+// Also the service that runs the engine for the other ranks
+// (include/bagua/runtime/group_generator_service.h) and the low-precision
+// P-Reduce (include/bagua/ops/low_precision_partial_allreduce.h), for
+// algorithms/partial_allreduce.py; these communicate, so they release the GIL.
+//
 // GroupGeneratorEngine.request / poll return a Group, None (random mode: not
 // granted yet, poll later) or the sentinel GroupGeneratorEngine.DONE. Engine
 // calls are short and never block, so they keep the GIL.
@@ -14,8 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "bagua/ops/low_precision_partial_allreduce.h"
 #include "bagua/ops/static_schedule.h"
 #include "bagua/runtime/group_generator.h"
+#include "bagua/runtime/group_generator_service.h"
 #include "bindings.h"
 
 namespace bagua::python {
@@ -44,6 +51,65 @@ py::dict to_dict(const GroupGeneratorStats& s) {
   return py::dict(py::arg("requests") = s.requests, py::arg("groups") = s.groups,
                   py::arg("solo") = s.solo, py::arg("mean_group_size") = s.mean_group_size,
                   py::arg("max_buffer_len") = s.max_buffer_len, py::arg("divisions") = s.divisions);
+}
+
+GroupGeneratorOptions service_options(int world_size, int group_size, const std::string& mode,
+                                      std::optional<std::int64_t> slowdown_threshold,
+                                      std::optional<int> local_size, bool inter_intra,
+                                      std::uint64_t seed) {
+  GroupGeneratorOptions options;
+  options.world_size = world_size;
+  options.group_size = group_size;
+  options.mode = parse_group_generation_mode(mode);
+  options.slowdown_threshold = slowdown_threshold;
+  options.local_size = local_size;
+  options.inter_intra = inter_intra;
+  options.seed = seed;
+  return options;
+}
+
+// The service and the low-precision P-Reduce, for algorithms/partial_allreduce.py.
+void bind_group_generator_service(py::module_& m) {
+  m.def(
+      "low_precision_partial_allreduce",
+      [](Communicator& comm, const TensorView& buffer, const std::vector<int>& members,
+         std::uint64_t group_id) {
+        low_precision_partial_allreduce(comm, buffer, members, group_id);
+      },
+      py::arg("comm"), py::arg("buffer"), py::arg("members"), py::arg("group_id"), ReleaseGil());
+  py::class_<GroupGeneratorService, std::shared_ptr<GroupGeneratorService>>(m,
+                                                                            "GroupGeneratorService")
+      .def(
+          py::init([](Communicator& comm, int group_size, const std::string& mode,
+                      std::optional<std::int64_t> slowdown_threshold, std::optional<int> local_size,
+                      bool inter_intra, std::uint64_t seed, int host_rank) {
+            return std::make_shared<GroupGeneratorService>(
+                comm,
+                service_options(comm.size(), group_size, mode, slowdown_threshold, local_size,
+                                inter_intra, seed),
+                host_rank);
+          }),
+          py::arg("comm"), py::arg("group_size"), py::arg("mode"),
+          py::arg("slowdown_threshold") = std::nullopt, py::arg("local_size") = std::nullopt,
+          py::arg("inter_intra") = false, py::arg("seed") = 0, py::arg("host_rank") = 0,
+          ReleaseGil())
+      .def("acquire", &GroupGeneratorService::acquire, ReleaseGil(),
+           "This rank's next Group (blocking), or None once it left and drained.")
+      .def("complete", &GroupGeneratorService::complete, py::arg("group_id"), ReleaseGil())
+      .def("leave", &GroupGeneratorService::leave, ReleaseGil())
+      .def("close", &GroupGeneratorService::close, ReleaseGil())
+      .def_property_readonly("rank", &GroupGeneratorService::rank)
+      .def_property_readonly("host_rank", &GroupGeneratorService::host_rank)
+      .def("engine_stats", [](const GroupGeneratorService& s) { return to_dict(s.engine_stats()); })
+      .def("history",
+           [](const GroupGeneratorService& s) {
+             py::list out;
+             for (const auto& g : s.history()) {
+               out.append(py::make_tuple(g.group.id, g.group.ranks, g.t_start, g.t_end));
+             }
+             return out;
+           })
+      .def("acquire_latencies_ms", &GroupGeneratorService::acquire_latencies_ms);
 }
 
 }  // namespace
@@ -118,6 +184,7 @@ void bind_ripples(py::module_& m) {
       .def_property_readonly("mode",
                              [](const E& e) { return std::string(to_string(e.options().mode)); });
   engine.attr("DONE") = done_sentinel();
+  bind_group_generator_service(m);  // after Group, which it returns
 }
 
 }  // namespace bagua::python

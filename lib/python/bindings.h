@@ -6,8 +6,8 @@
 //   bind_ops.cc      the ops' options, Bucket and its ops, op handles
 //   bind_backend.cc  Backend, Timeline, the bucket planner
 //   bind_bluefog.cc  the neighbour ops behind bagua.bluefog
-//   bind_group_generator.cc  Ripples' group generator service
-//   bind_ripples.cc  Ripples' static schedule and group generator engine
+//   bind_ripples.cc  Ripples' static schedule, group generator engine and
+//                    service, low-precision P-Reduce
 //   bind_testing.cc  `bagua_core._testing`: hooks for tests and benchmarks
 //                    only (raw kernels, pools, in-process store)
 // module.cc only calls them in that order (the exception classes first).
@@ -34,7 +34,6 @@ void bind_comm(py::module_& m);
 void bind_ops(py::module_& m);
 void bind_backend(py::module_& m);
 void bind_bluefog(py::module_& m);
-void bind_group_generator(py::module_& m);
 void bind_ripples(py::module_& m);
 void bind_testing(py::module_& testing);
 

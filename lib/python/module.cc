@@ -11,7 +11,6 @@ PYBIND11_MODULE(bagua_core, m) {
   bp::bind_ops(m);
   bp::bind_backend(m);
   bp::bind_bluefog(m);
-  bp::bind_group_generator(m);
   bp::bind_ripples(m);
 
   auto testing =
