@@ -1,11 +1,16 @@
 """CUDA kernels against the CPU path. These run only where a GPU is present;
 elsewhere every test is skipped with the reason."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import bagua_core
+from bucket_op_harness import OPS, run_bucket_op, stream, view
+from launcher import run_workers
 
+GPU_WORKERS = Path(__file__).with_name("gpu_workers.py")
 HAVE_GPU = bagua_core.cuda_compiled() and bagua_core.cuda_device_count() > 0 and torch.cuda.is_available()
 gpu = pytest.mark.skipif(
     not HAVE_GPU,
@@ -13,17 +18,6 @@ gpu = pytest.mark.skipif(
             "the GPU checks run on a GPU machine" % (bagua_core.cuda_compiled(), bagua_core.cuda_device_count(),
                                                      torch.cuda.is_available())))
 
-NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-         torch.float64: "float64", torch.int32: "int32"}
-
-
-def view(t):
-    device = "cpu" if t.device.type == "cpu" else f"cuda:{t.device.index or 0}"
-    return bagua_core.TensorView(t.data_ptr(), t.numel(), NAMES[t.dtype], device)
-
-
-def stream():
-    return torch.cuda.current_stream().cuda_stream
 
 
 def cpu_compress_chunks(x, chunk):
@@ -75,7 +69,8 @@ def test_chunked_reduce_matches_the_cpu(dtype, mean):
     chunks, n = 5, 100_003
     x = (torch.randn(chunks * n, generator=torch.Generator().manual_seed(1)) * 10).to(dtype)
     out = torch.zeros(n, dtype=dtype, device="cuda")
-    bagua_core._testing.cuda_chunked_reduce(view(x.cuda()), chunks, view(out), mean, stream())
+    gx = x.cuda()
+    bagua_core._testing.cuda_chunked_reduce(view(gx), chunks, view(out), mean, stream())
     torch.cuda.synchronize()
     reference = x.view(chunks, n).double().sum(0)
     if mean:
@@ -89,8 +84,10 @@ def test_async_update_and_divide_match_the_formula():
     n, ranks = 10_000, 4
     g = torch.Generator().manual_seed(2)
     w, total, snapshot = (torch.randn(n, generator=g) for _ in range(3))
-    gw = w.cuda()
-    bagua_core._testing.cuda_async_average_update(view(gw), view(total.cuda()), view(snapshot.cuda()), ranks, stream())
+    # Every device tensor held by a name: a temporary's memory returns to
+    # torch's allocator as soon as its view is taken, and the next one reuses it.
+    gw, gtotal, gsnapshot = w.cuda(), total.cuda(), snapshot.cuda()
+    bagua_core._testing.cuda_async_average_update(view(gw), view(gtotal), view(gsnapshot), ranks, stream())
     torch.cuda.synchronize()
     torch.testing.assert_close(gw.cpu(), w + total / ranks - snapshot, rtol=1e-6, atol=1e-6)
     bagua_core._testing.cuda_divide_inplace(view(gw), 3, stream())
@@ -105,8 +102,8 @@ def test_async_drift_reduction_matches_the_formula(dtype):
     g = torch.Generator().manual_seed(3)
     total, snapshot = (torch.randn(n, generator=g).to(dtype) for _ in range(2))
     out = torch.zeros(2, dtype=torch.float64, device="cuda")
-    bagua_core._testing.cuda_async_average_drift(view(total.cuda()), view(snapshot.cuda()), ranks,
-                                                 view(out), stream())
+    gtotal, gsnapshot = total.cuda(), snapshot.cuda()  # held: see test_async_update_and_divide...
+    bagua_core._testing.cuda_async_average_drift(view(gtotal), view(gsnapshot), ranks, view(out), stream())
     torch.cuda.synchronize()
     mean = total.double() / ranks
     expected = torch.stack([((snapshot.double() - mean) ** 2).sum(), (mean ** 2).sum()])
@@ -126,65 +123,43 @@ def test_kernel_calls_fail_cleanly_without_a_gpu():
             bagua_core._testing.cuda_divide_inplace(bagua_core.TensorView(0, 4, "float32", "cuda:0"), 2)
 
 
-def _run_bucket_op(device, data, append_op, steps=3, copies=()):
-    """Runs one bucket with one op for `steps` iterations on a world of one
-    (Gloo, staged for CUDA), marking the tensor ready on the current stream;
-    returns the bucket's data after each step."""
-    comm = bagua_core.gloo_communicator(bagua_core._testing.hash_store(), 0, 1, prefix=f"op-{device}")
-    bucket_comm = comm.new_bucket_group([0])
-    tensor = data.clone().to(device)
-    extra = [c.clone().to(device) for c in copies]
-    bucket = bagua_core.Bucket("b0", [("t0", view(tensor))])
-    append_op(bucket, bucket_comm, [view(e) for e in extra])
-    backend = bagua_core.Backend(0, 30.0)
-    backend.register_ordered_buckets([bucket])
-    results = []
-    for step in range(steps):
-        tensor.mul_(1.5).add_(0.25)  # kernels on the current stream before the ready mark
-        if device == "cpu":
-            backend.mark_communication_ready("t0")
-        else:
-            backend.mark_communication_ready("t0", cuda_stream=stream())
-        backend.wait_pending_comm_ops()
-        results.append(tensor.cpu().clone())
-    return results, [e.cpu() for e in extra]
+def _world_of_one(prefix):
+    return bagua_core.gloo_communicator(bagua_core._testing.hash_store(), 0, 1, prefix=prefix)
 
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("op", ["c_lp_s", "c_lp_s_error_feedback", "c_fp_s_scattergather", "d_lp_s",
-                                "d_fp_s_ring"])
+@pytest.mark.parametrize("op", OPS)
 def test_bucket_ops_on_cuda_equal_the_cpu_path(dtype, op):
     """The same op on a CPU bucket and a CUDA bucket (ready events, kernels on
-    the communication stream, staged Gloo) gives the same bytes."""
-    n = 70001
-    data = (torch.randn(n, generator=torch.Generator().manual_seed(7)) * 2).to(dtype)
-    copies = ()
-
-    def append(bucket, comm, extra):
-        if op.startswith("c_lp_s"):
-            bucket.append_centralized_low_precision_op(comm, None, bagua_core.CentralizedLowPrecisionOptions(
-                hierarchical=False, error_feedback=op.endswith("feedback")))
-        elif op == "c_fp_s_scattergather":
-            bucket.append_centralized_synchronous_op(
-                comm, None, bagua_core.CentralizedSynchronousOptions(hierarchical=False, scattergather=True))
-        elif op == "d_lp_s":
-            bucket.append_low_precision_decentralized_op(
-                comm, None, *extra, bagua_core.LowPrecisionDecentralizedOptions(hierarchical=False))
-        else:
-            bucket.append_decentralized_synchronous_op(comm, None, extra[0], bagua_core.DecentralizedSynchronousOptions(
-                hierarchical=False, peer_selection=bagua_core.PeerSelection.RING))
-
-    if op == "d_lp_s":
-        copies = (data, data, data)
-    elif op == "d_fp_s_ring":
-        copies = (torch.zeros_like(data),)
-    cpu_steps, cpu_extra = _run_bucket_op("cpu", data, append, copies=copies)
-    gpu_steps, gpu_extra = _run_bucket_op("cuda", data, append, copies=copies)
-    for cpu, gpu_result in zip(cpu_steps, gpu_steps):
+    the communication stream, staged Gloo) gives the same bytes, world of one."""
+    data = (torch.randn(70001, generator=torch.Generator().manual_seed(7)) * 2).to(dtype)
+    cpu_steps, cpu_extra = run_bucket_op("cpu", data, op, _world_of_one("op-cpu"))
+    gpu_steps, gpu_extra = run_bucket_op("cuda", data, op, _world_of_one("op-cuda"))
+    for cpu, gpu_result in zip(cpu_steps + cpu_extra, gpu_steps + gpu_extra):
         assert torch.equal(cpu, gpu_result)
-    for cpu, gpu_result in zip(cpu_extra, gpu_extra):
-        assert torch.equal(cpu, gpu_result)
+
+
+@gpu
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bucket_ops_on_cuda_equal_the_cpu_path_across_processes(tmp_path, world_size):
+    """At world 1 the scatter-gather, ring and compression exchanges return
+    early, so their kernels (chunked reduce, axpby, divide, per-peer
+    decompress) only run here: several processes share the GPU over
+    host-staged Gloo, each runs every op on a CPU and a CUDA bucket with its
+    own data, and the two give the same bytes on every rank."""
+    results = run_workers("bucket_ops", world_size, tmp_path, script=GPU_WORKERS, timeout=300)
+    for rank, per_op in enumerate(results):
+        assert sorted(per_op) == sorted(f"{op}-{dtype}" for op in OPS for dtype in ("float32", "float16"))
+        for key, (cpu, gpu_result) in per_op.items():
+            for step, (c, g) in enumerate(zip(cpu, gpu_result)):
+                assert torch.equal(c, g), (f"rank {rank}, {key}, result {step}: max difference "
+                                           f"{(c.double() - g.double()).abs().max().item()}")
+    # the centralized ops end equal on every rank
+    for key in results[0]:
+        if key.startswith("c_"):
+            for rank in range(1, world_size):
+                assert torch.equal(results[rank][key][1][-1], results[0][key][1][-1]), key
 
 
 @gpu
@@ -228,20 +203,7 @@ def test_bucket_op_harness_runs_on_the_cpu(op):
     """The harness of the CPU-vs-CUDA comparison, on the CPU alone, so the
     GPU test's setup is known to work before it meets a GPU."""
     data = torch.linspace(-3, 5, 1001)
-
-    def append(bucket, comm, extra):
-        if op == "c_lp_s":
-            bucket.append_centralized_low_precision_op(
-                comm, None, bagua_core.CentralizedLowPrecisionOptions(hierarchical=False))
-        elif op == "c_fp_s_scattergather":
-            bucket.append_centralized_synchronous_op(
-                comm, None, bagua_core.CentralizedSynchronousOptions(hierarchical=False, scattergather=True))
-        else:
-            bucket.append_decentralized_synchronous_op(comm, None, extra[0], bagua_core.DecentralizedSynchronousOptions(
-                hierarchical=False, peer_selection=bagua_core.PeerSelection.RING))
-
-    copies = (torch.zeros_like(data),) if op == "d_fp_s_ring" else ()
-    steps, extra = _run_bucket_op("cpu", data, append, copies=copies)
+    steps, extra = run_bucket_op("cpu", data, op, _world_of_one(f"harness-{op}"))
     expected = data.clone()
     for result in steps:
         expected = expected * 1.5 + 0.25
@@ -251,6 +213,15 @@ def test_bucket_op_harness_runs_on_the_cpu(op):
         expected = result
     if op == "d_fp_s_ring":
         assert torch.equal(extra[0], steps[-1])
+
+
+def test_bucket_op_harness_runs_across_cpu_processes(tmp_path):
+    """The multi-process worker of the GPU comparison, CPU buckets only: the
+    scenario itself is known to work where no GPU is."""
+    results = run_workers("bucket_ops", 2, tmp_path, script=GPU_WORKERS, args=("cpu",))
+    for per_op in results:
+        for key, (cpu, _) in per_op.items():
+            assert len(cpu) >= 3 and all(torch.isfinite(t.float()).all() for t in cpu), key
 
 
 def _async_world_of_one(device):
