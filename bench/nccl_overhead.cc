@@ -2,7 +2,10 @@
 // call, world size 1: what the Communicator adds per call (argument checks,
 // counters, the timed stream wait with abort on timeout) on top of NCCL's
 // own launch and completion. Both run on the same GPU in the same process,
-// alternating per size; the raw call waits with cudaStreamSynchronize.
+// alternating per size; the raw call waits with cudaStreamSynchronize. In
+// place, a world-1 allreduce moves no data (NCCL returns at once): those rows
+// give the fixed cost per call; out of place NCCL copies the buffer, so those
+// rows give the ratio at sizes where the allreduce itself takes time.
 //
 //   build/bench_nccl_overhead [--json path]
 //
@@ -67,35 +70,46 @@ int main(int argc, char** argv) {
   }
 
   nlohmann::json results = nlohmann::json::array();
-  std::printf("%12s %12s %12s %10s %12s\n", "bytes", "raw us", "bagua us", "ratio", "extra us");
+  std::printf("%12s %8s %12s %12s %10s %12s\n", "bytes", "mode", "raw us", "bagua us", "ratio",
+              "extra us");
   for (std::size_t bytes : {std::size_t{4}, std::size_t{4} << 10, std::size_t{64} << 10,
                             std::size_t{1} << 20, std::size_t{16} << 20, std::size_t{64} << 20}) {
     const std::int64_t numel = static_cast<std::int64_t>(bytes / sizeof(float));
     void* data = nullptr;
-    if (cudaMalloc(&data, bytes) != cudaSuccess) return 1;
+    void* out = nullptr;
+    if (cudaMalloc(&data, bytes) != cudaSuccess || cudaMalloc(&out, bytes) != cudaSuccess) return 1;
     cudaMemset(data, 0, bytes);
-    const bagua::TensorView view{data, numel, bagua::DType::kFloat32,
-                                 bagua::Device{bagua::DeviceType::kCUDA, 0}};
-    const int calls = bytes >= (std::size_t{16} << 20) ? 50 : 500;
-    const auto raw_call = [&] {
-      ncclAllReduce(data, data, static_cast<std::size_t>(numel), ncclFloat32, ncclSum, raw, stream);
-      cudaStreamSynchronize(stream);
-    };
-    const auto our_call = [&] { ours->allreduce(view, view, bagua::ReduceOp::kSum); };
-    for (int i = 0; i < 20; ++i) {  // warm up both paths
-      raw_call();
-      our_call();
+    for (const bool in_place : {true, false}) {
+      void* target = in_place ? data : out;
+      const bagua::TensorView view{data, numel, bagua::DType::kFloat32,
+                                   bagua::Device{bagua::DeviceType::kCUDA, 0}};
+      const bagua::TensorView target_view{target, numel, bagua::DType::kFloat32,
+                                          bagua::Device{bagua::DeviceType::kCUDA, 0}};
+      const int calls = bytes >= (std::size_t{16} << 20) ? 50 : 500;
+      const auto raw_call = [&] {
+        ncclAllReduce(data, target, static_cast<std::size_t>(numel), ncclFloat32, ncclSum, raw,
+                      stream);
+        cudaStreamSynchronize(stream);
+      };
+      const auto our_call = [&] { ours->allreduce(view, target_view, bagua::ReduceOp::kSum); };
+      for (int i = 0; i < 20; ++i) {  // warm up both paths
+        raw_call();
+        our_call();
+      }
+      const double raw_us = median_us(raw_call, calls);
+      const double our_us = median_us(our_call, calls);
+      const char* mode = in_place ? "in place" : "copy";
+      std::printf("%12zu %8s %12.1f %12.1f %10.3f %12.1f\n", bytes, mode, raw_us, our_us,
+                  our_us / raw_us, our_us - raw_us);
+      results.push_back({{"bytes", bytes},
+                         {"mode", mode},
+                         {"calls", calls},
+                         {"raw_median_us", raw_us},
+                         {"bagua_median_us", our_us},
+                         {"ratio", our_us / raw_us}});
     }
-    const double raw_us = median_us(raw_call, calls);
-    const double our_us = median_us(our_call, calls);
-    std::printf("%12zu %12.1f %12.1f %10.3f %12.1f\n", bytes, raw_us, our_us, our_us / raw_us,
-                our_us - raw_us);
-    results.push_back({{"bytes", bytes},
-                       {"calls", calls},
-                       {"raw_median_us", raw_us},
-                       {"bagua_median_us", our_us},
-                       {"ratio", our_us / raw_us}});
     cudaFree(data);
+    cudaFree(out);
   }
   ncclCommDestroy(raw);
   cudaStreamDestroy(stream);

@@ -49,23 +49,45 @@ tests_lane() {
 }
 
 ALGOS=${ALGOS:-"gradient_allreduce bytegrad qadam decentralized decentralized_ring low_precision_decentralized_ring async_model_average"}
-# digits BACKEND NPROC PORT: every algorithm on CUDA tensors.
+# digits BACKEND NPROC PORT DEVICE: every algorithm, on DEVICE's tensors.
 digits_lane() {
-  local backend=$1 nproc=$2 port=$3 algo status
+  local backend=$1 nproc=$2 port=$3 device=$4 algo status name
   for algo in $ALGOS; do
+    name=digits_${device}_${backend}_x${nproc}_$algo
     BAGUA_BACKEND=$backend timeout "$STEP_LIMIT_S" $PY -m bagua.distributed.launch \
       --nproc_per_node "$nproc" --master_port "$port" \
-      examples/digits_mlp.py --device cuda --algorithm "$algo" \
-      --results "$OUT/digits_${backend}_$algo.json" > "$OUT/digits_${backend}_$algo.log" 2>&1
+      examples/digits_mlp.py --device "$device" --algorithm "$algo" \
+      --results "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     status=$?
-    echo "== digits $backend x$nproc $algo: exit $status; $(grep -E '^algorithm' "$OUT/digits_${backend}_$algo.log" | tail -n 1)" >> "$OUT/lanes.txt"
+    echo "== digits $device $backend x$nproc $algo: exit $status; $(grep -E '^algorithm' "$OUT/$name.log" | tail -n 1)" >> "$OUT/lanes.txt"
   done
 }
 
-say "== tests and digits (NCCL x1, host-staged Gloo x4), side by side"
+say "== tests and digits (CUDA: NCCL x1, host-staged Gloo x4; the same on the CPU), side by side"
 tests_lane &
-digits_lane nccl 1 29611 &
-digits_lane gloo 4 29622 &
+digits_lane nccl 1 29611 cuda &
+digits_lane gloo 4 29622 cuda &
+digits_lane gloo 1 29633 cpu &
+digits_lane gloo 4 29644 cpu &
 wait
 sort "$OUT/lanes.txt" | tee -a "$OUT/summary.txt"
+
+say "== digits accuracy, CUDA against the same run on the CPU (goal: within 0.5 points)"
+$PY - "$OUT" "$ALGOS" <<'PYEOF' | tee -a "$OUT/summary.txt"
+import json, os, sys
+out, algos = sys.argv[1], sys.argv[2].split()
+def accuracy(name):
+    path = os.path.join(out, name + ".json")
+    return 100 * json.load(open(path))["test_accuracy"] if os.path.exists(path) else None
+print(f"{'algorithm':34s} {'procs':>5s} {'cuda':>7s} {'cpu':>7s} {'diff':>6s}")
+rows = []
+for algo in algos:
+    for procs, cuda_name in ((1, f"digits_cuda_nccl_x1_{algo}"), (4, f"digits_cuda_gloo_x4_{algo}")):
+        cuda, cpu = accuracy(cuda_name), accuracy(f"digits_cpu_gloo_x{procs}_{algo}")
+        diff = None if cuda is None or cpu is None else cuda - cpu
+        rows.append({"algorithm": algo, "processes": procs, "cuda": cuda, "cpu": cpu, "diff": diff})
+        show = lambda v: f"{v:7.2f}" if v is not None else "    n/a"
+        print(f"{algo:34s} {procs:5d} {show(cuda)} {show(cpu)} {show(diff)[1:]}")
+json.dump(rows, open(os.path.join(out, "digits_cuda_vs_cpu.json"), "w"), indent=1)
+PYEOF
 say "== done in $SECONDS s"

@@ -151,7 +151,6 @@ class NcclCommunicator final : public Communicator {
       }
     }
     owned_stream_.reset();
-    for (void* p : scratch_) cudaFree(p);
   }
 
   int rank() const override { return rank_; }
@@ -369,10 +368,26 @@ class NcclCommunicator final : public Communicator {
           fmt::format("{} on rank {}: the NCCL communicator was aborted", op, rank_));
     }
     check_cuda(cudaSetDevice(options_.device), "cudaSetDevice", op);
-    std::size_t next_scratch = 0;
+    // Host tensors are staged through blocks of the device pool, held until
+    // the stream has finished with them: the wait at the end of this call, or
+    // after a failure (the stream may still use them) the communicator's end.
+    std::vector<CachingAllocator::Block> staging;
+    try {
+      stage_enqueue_wait(op, inputs, outputs, std::forward<Enqueue>(enqueue), copy_back, staging);
+    } catch (...) {
+      for (auto& block : staging) failed_staging_.push_back(std::move(block));
+      throw;
+    }
+  }
+
+  template <typename Enqueue>
+  void stage_enqueue_wait(const char* op, const std::vector<TensorView>& inputs,
+                          const std::vector<TensorView>& outputs, Enqueue&& enqueue, bool copy_back,
+                          std::vector<CachingAllocator::Block>& staging) {
     const auto on_device = [&](const TensorView& v, bool copy_in) {
       if (v.device.type == DeviceType::kCUDA) return v;
-      void* d = scratch(next_scratch++, v.nbytes());
+      staging.push_back(cuda_device_pool(options_.device).allocate(v.nbytes()));
+      void* d = staging.back().data();
       if (copy_in && v.nbytes() > 0) {
         check_cuda(cudaMemcpyAsync(d, v.data, v.nbytes(), cudaMemcpyHostToDevice, stream_),
                    "cudaMemcpyAsync", op);
@@ -411,41 +426,27 @@ class NcclCommunicator final : public Communicator {
         "cudaMemcpyAsync", "copy");
   }
 
+  // The shared timed stream wait; between polls NCCL's asynchronous error is
+  // checked, and either failure aborts the communicator so peers blocked in
+  // the same collective are released too.
   void wait_for_stream(const char* op) {
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-    while (true) {
-      const cudaError_t state = cudaStreamQuery(stream_);
-      if (state == cudaSuccess) return;
-      if (state != cudaErrorNotReady) check_cuda(state, "cudaStreamQuery", op);
-      ncclResult_t async_error = ncclSuccess;
-      lib_.comm_get_async_error(comm_, &async_error);
-      if (async_error != ncclSuccess && async_error != ncclInProgress) {
-        abort();
-        throw BackendError(fmt::format("{} on rank {} of {}: NCCL failed: {}", op, rank_, size_,
-                                       lib_.get_error_string(async_error)));
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        abort();
-        throw TimeoutError(fmt::format(
-            "{} on rank {} of {} (group '{}', {}) timed out after {} ms; the NCCL communicator "
-            "was aborted",
-            op, rank_, size_, options_.prefix, backend_name(), options_.timeout.count()));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    try {
+      cuda_stream_wait(stream_, options_.timeout, op, [&] {
+        ncclResult_t async_error = ncclSuccess;
+        lib_.comm_get_async_error(comm_, &async_error);
+        if (async_error != ncclSuccess && async_error != ncclInProgress) {
+          abort();
+          throw BackendError(fmt::format("{} on rank {} of {}: NCCL failed: {}", op, rank_, size_,
+                                         lib_.get_error_string(async_error)));
+        }
+      });
+    } catch (const TimeoutError&) {
+      abort();
+      throw TimeoutError(fmt::format(
+          "{} on rank {} of {} (group '{}', {}) timed out after {} ms; the NCCL communicator "
+          "was aborted",
+          op, rank_, size_, options_.prefix, backend_name(), options_.timeout.count()));
     }
-  }
-
-  void* scratch(std::size_t index, std::size_t bytes) {
-    if (scratch_.size() <= index) {
-      scratch_.resize(index + 1, nullptr);
-      scratch_bytes_.resize(index + 1, 0);
-    }
-    if (scratch_bytes_[index] < bytes) {
-      if (scratch_[index] != nullptr) cudaFree(scratch_[index]);
-      check_cuda(cudaMalloc(&scratch_[index], bytes), "cudaMalloc", "staging");
-      scratch_bytes_[index] = bytes;
-    }
-    return scratch_[index];
   }
 
   // The error checks of lib/core/cuda_checks.h, naming the op and the rank
@@ -473,8 +474,7 @@ class NcclCommunicator final : public Communicator {
   Stream owned_stream_;  // a dedicated stream, else none
   int group_counter_ = 0;
   std::atomic<bool> aborted_{false};
-  std::vector<void*> scratch_;
-  std::vector<std::size_t> scratch_bytes_;
+  std::vector<CachingAllocator::Block> failed_staging_;  // see run()
 };
 
 }  // namespace

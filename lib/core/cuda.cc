@@ -112,13 +112,15 @@ void* cuda_communication_stream(int device) {
   return streams->get(device, [&] { return std::make_unique<Stream>(device); }).get();
 }
 
-void cuda_stream_wait(void* stream, std::chrono::milliseconds timeout, std::string_view what) {
+void cuda_stream_wait(void* stream, std::chrono::milliseconds timeout, std::string_view what,
+                      const std::function<void()>& between_polls) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::microseconds(5);
   while (true) {
     const cudaError_t state = cudaStreamQuery(static_cast<cudaStream_t>(stream));
     if (state == cudaSuccess) return;
     if (state != cudaErrorNotReady) detail::check_cuda(state, "cudaStreamQuery", what);
+    if (between_polls) between_polls();
     if (std::chrono::steady_clock::now() > deadline) {
       throw TimeoutError(
           fmt::format("{}: the device work did not finish within {} ms", what, timeout.count()));

@@ -34,7 +34,7 @@ void detail::destroy_event(void* /*handle*/) noexcept {}
 
 void* cuda_communication_stream(int device) { no_device(device); }
 void cuda_stream_wait(void* /*stream*/, std::chrono::milliseconds /*timeout*/,
-                      std::string_view /*what*/) {
+                      std::string_view /*what*/, const std::function<void()>& /*between_polls*/) {
   no_cuda("cuda_stream_wait");
 }
 void cuda_event_record(void* /*event*/, void* /*stream*/) { no_cuda("cuda_event_record"); }

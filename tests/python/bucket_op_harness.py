@@ -7,7 +7,7 @@ import bagua_core
 import torch
 
 NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-         torch.float64: "float64", torch.int32: "int32"}
+         torch.float64: "float64", torch.int32: "int32", torch.uint8: "uint8"}
 
 OPS = ["c_lp_s", "c_lp_s_error_feedback", "c_fp_s_scattergather", "d_lp_s", "d_fp_s_ring"]
 

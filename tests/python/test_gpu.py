@@ -30,11 +30,23 @@ def cpu_compress_chunks(x, chunk):
     return torch.cat(parts)
 
 
+# (n, chunk): single elements, one slice, chunks of several 4096-element
+# slices with a short last slice, the runtime's C_LP_S (numel / 8) and D_LP_S
+# (65536) chunkings, last chunks under 16 elements (no room for partials).
+CHUNKINGS = [(1, 1), (20, 3), (1000, 1000), (4097, 1024), (5000, 4999), (70001, 8751),
+             (100003, 65536), (1 << 20, 1 << 16)]
+
+
 @gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("n,chunk", [(1, 1), (1000, 1000), (4097, 1024), (1 << 20, 1 << 16)])
-def test_compression_codes_equal_the_cpu_bit_for_bit(dtype, n, chunk):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,chunk", CHUNKINGS)
+@pytest.mark.parametrize("special", [None, "nan", "inf"])
+def test_compression_codes_equal_the_cpu_bit_for_bit(dtype, n, chunk, special):
     x = (torch.randn(n, generator=torch.Generator().manual_seed(n)) * 3 + 1).to(dtype)
+    if special is not None:
+        if n < 20:
+            pytest.skip("the special value case needs several chunks")
+        x[n // 2] = float(special)  # one chunk (and one slice of it) turns non-finite
     expected = cpu_compress_chunks(x, chunk)
     gpu_x = x.cuda()
     out = torch.zeros(expected.numel(), dtype=torch.uint8, device="cuda")
@@ -45,7 +57,7 @@ def test_compression_codes_equal_the_cpu_bit_for_bit(dtype, n, chunk):
     bagua_core._testing.cuda_minmax_uint8_decompress(out.data_ptr(), chunk, view(decoded), False, stream())
     cpu_decoded = torch.cat([_cpu_decompress(p, x[b:b + chunk]) for b, p in _chunks(expected, x, chunk)])
     torch.cuda.synchronize()
-    assert torch.equal(decoded.cpu(), cpu_decoded)
+    torch.testing.assert_close(decoded.cpu(), cpu_decoded, rtol=0, atol=0, equal_nan=True)
 
 
 def _chunks(packed, x, chunk):

@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string_view>
 #include <utility>
 
@@ -112,8 +113,11 @@ void* cuda_communication_stream(int device);
 
 // The host waits until the work enqueued on `stream` so far is done. Past
 // `timeout` a TimeoutError names `what`; a failed kernel is a BackendError.
-// Only that stream is waited for, never the whole device.
-void cuda_stream_wait(void* stream, std::chrono::milliseconds timeout, std::string_view what);
+// Only that stream is waited for, never the whole device. `between_polls`,
+// if given, runs after each unfinished poll (a communicator checks its
+// asynchronous errors there, and throws to end the wait).
+void cuda_stream_wait(void* stream, std::chrono::milliseconds timeout, std::string_view what,
+                      const std::function<void()>& between_polls = {});
 
 // `event` records the work enqueued on `stream` so far; then `stream` (any
 // other) waits on the device for that work, the host does not wait.
