@@ -86,16 +86,39 @@ __device__ Partial block_reduce(Partial p) {
   return p;
 }
 
+constexpr int kUnroll = 4;  // elements each thread loads before it uses any
+
+// Calls body(first, stride, k) for this thread's elements of [begin, end):
+// rounds of k = kUnroll elements first, first + stride, ..., then single
+// ones (k = 1). Bodies load their k inputs before computing, so each thread
+// has kUnroll loads in flight (the compiler may not move a load above a
+// store to a uint8_t*, which may alias it).
+template <typename Body>
+__device__ inline void for_slice(std::int64_t begin, std::int64_t end, Body&& body) {
+  const std::int64_t stride = blockDim.x;
+  std::int64_t i = begin + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < end; i += kUnroll * stride) body(i, stride, kUnroll);
+  for (; i < end; i += stride) body(i, stride, 1);
+}
+
 template <typename T>
 __device__ Partial stats_of(const T* x, std::int64_t begin, std::int64_t end) {
   Partial p{std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 1};
-#pragma unroll 4
-  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float v = static_cast<float>(load(x[i]));
-    p.finite &= isfinite(v) ? 1 : 0;
-    p.lo = fminf(p.lo, v);
-    p.hi = fmaxf(p.hi, v);
-  }
+  for_slice(begin, end, [&](std::int64_t first, std::int64_t stride, int k) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (u < k) v[u] = static_cast<float>(load(x[first + u * stride]));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (u < k) {
+        p.finite &= isfinite(v[u]) ? 1 : 0;
+        p.lo = fminf(p.lo, v[u]);
+        p.hi = fmaxf(p.hi, v[u]);
+      }
+    }
+  });
   return p;
 }
 
@@ -157,10 +180,17 @@ __global__ void encode_kernel(const T* x, Chunking layout, std::uint8_t* out) {
   std::uint8_t* codes = header + q::kHeaderBytes;
   for (std::int64_t slice = blockIdx.y; slice < layout.slices(count); slice += gridDim.y) {
     const std::int64_t end = min(count, (slice + 1) * kSliceElements);
-#pragma unroll 4
-    for (std::int64_t i = slice * kSliceElements + threadIdx.x; i < end; i += blockDim.x) {
-      codes[i] = q::quantize(static_cast<float>(load(base[i])), grid);
-    }
+    for_slice(slice * kSliceElements, end, [&](std::int64_t first, std::int64_t stride, int k) {
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (u < k) v[u] = static_cast<float>(load(base[first + u * stride]));
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (u < k) codes[first + u * stride] = q::quantize(v[u], grid);
+      }
+    });
   }
 }
 
@@ -176,13 +206,26 @@ __global__ void decompress_kernel(const std::uint8_t* in, Chunking layout, T* ou
   T* base = out + chunk * layout.chunk_elements;
   for (std::int64_t slice = blockIdx.y; slice < layout.slices(count); slice += gridDim.y) {
     const std::int64_t end = min(count, (slice + 1) * kSliceElements);
-#pragma unroll 4
-    for (std::int64_t i = slice * kSliceElements + threadIdx.x; i < end; i += blockDim.x) {
-      const float decoded = q::dequantize(codes[i], grid);
-      T& target = base[i];
-      target = accumulate ? store<T>(static_cast<compute_type_t<T>>(load(target) + decoded))
-                          : store<T>(static_cast<compute_type_t<T>>(decoded));
-    }
+    for_slice(slice * kSliceElements, end, [&](std::int64_t first, std::int64_t stride, int k) {
+      std::uint8_t code[kUnroll];
+      compute_type_t<T> previous[kUnroll] = {};
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (u < k) {
+          code[u] = codes[first + u * stride];
+          if (accumulate) previous[u] = load(base[first + u * stride]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (u < k) {
+          const float decoded = q::dequantize(code[u], grid);
+          base[first + u * stride] =
+              accumulate ? store<T>(static_cast<compute_type_t<T>>(previous[u] + decoded))
+                         : store<T>(static_cast<compute_type_t<T>>(decoded));
+        }
+      }
+    });
   }
 }
 
