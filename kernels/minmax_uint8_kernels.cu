@@ -86,32 +86,35 @@ __device__ Partial block_reduce(Partial p) {
   return p;
 }
 
-constexpr int kUnroll = 4;  // elements each thread loads before it uses any
+// Elements each thread loads before it uses any: more for 16-bit inputs,
+// whose loads bring half the bytes.
+template <typename T>
+constexpr int kUnroll = sizeof(T) < 4 ? 8 : 4;
 
 // Calls body(first, stride, k) for this thread's elements of [begin, end):
-// rounds of k = kUnroll elements first, first + stride, ..., then single
+// rounds of k = Unroll elements first, first + stride, ..., then single
 // ones (k = 1). Bodies load their k inputs before computing, so each thread
-// has kUnroll loads in flight (the compiler may not move a load above a
+// has Unroll loads in flight (the compiler may not move a load above a
 // store to a uint8_t*, which may alias it).
-template <typename Body>
+template <int Unroll, typename Body>
 __device__ inline void for_slice(std::int64_t begin, std::int64_t end, Body&& body) {
   const std::int64_t stride = blockDim.x;
   std::int64_t i = begin + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < end; i += kUnroll * stride) body(i, stride, kUnroll);
+  for (; i + (Unroll - 1) * stride < end; i += Unroll * stride) body(i, stride, Unroll);
   for (; i < end; i += stride) body(i, stride, 1);
 }
 
 template <typename T>
 __device__ Partial stats_of(const T* x, std::int64_t begin, std::int64_t end) {
   Partial p{std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 1};
-  for_slice(begin, end, [&](std::int64_t first, std::int64_t stride, int k) {
-    float v[kUnroll];
+  for_slice<kUnroll<T>>(begin, end, [&](std::int64_t first, std::int64_t stride, int k) {
+    float v[kUnroll<T>];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kUnroll<T>; ++u) {
       if (u < k) v[u] = static_cast<float>(load(x[first + u * stride]));
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kUnroll<T>; ++u) {
       if (u < k) {
         p.finite &= isfinite(v[u]) ? 1 : 0;
         p.lo = fminf(p.lo, v[u]);
@@ -180,17 +183,18 @@ __global__ void encode_kernel(const T* x, Chunking layout, std::uint8_t* out) {
   std::uint8_t* codes = header + q::kHeaderBytes;
   for (std::int64_t slice = blockIdx.y; slice < layout.slices(count); slice += gridDim.y) {
     const std::int64_t end = min(count, (slice + 1) * kSliceElements);
-    for_slice(slice * kSliceElements, end, [&](std::int64_t first, std::int64_t stride, int k) {
-      float v[kUnroll];
+    for_slice<kUnroll<T>>(slice * kSliceElements, end,
+                          [&](std::int64_t first, std::int64_t stride, int k) {
+                            float v[kUnroll<T>];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (u < k) v[u] = static_cast<float>(load(base[first + u * stride]));
-      }
+                            for (int u = 0; u < kUnroll<T>; ++u) {
+                              if (u < k) v[u] = static_cast<float>(load(base[first + u * stride]));
+                            }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (u < k) codes[first + u * stride] = q::quantize(v[u], grid);
-      }
-    });
+                            for (int u = 0; u < kUnroll<T>; ++u) {
+                              if (u < k) codes[first + u * stride] = q::quantize(v[u], grid);
+                            }
+                          });
   }
 }
 
@@ -206,26 +210,27 @@ __global__ void decompress_kernel(const std::uint8_t* in, Chunking layout, T* ou
   T* base = out + chunk * layout.chunk_elements;
   for (std::int64_t slice = blockIdx.y; slice < layout.slices(count); slice += gridDim.y) {
     const std::int64_t end = min(count, (slice + 1) * kSliceElements);
-    for_slice(slice * kSliceElements, end, [&](std::int64_t first, std::int64_t stride, int k) {
-      std::uint8_t code[kUnroll];
-      compute_type_t<T> previous[kUnroll] = {};
+    for_slice<kUnroll<T>>(
+        slice * kSliceElements, end, [&](std::int64_t first, std::int64_t stride, int k) {
+          std::uint8_t code[kUnroll<T>];
+          compute_type_t<T> previous[kUnroll<T>] = {};
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (u < k) {
-          code[u] = codes[first + u * stride];
-          if (accumulate) previous[u] = load(base[first + u * stride]);
-        }
-      }
+          for (int u = 0; u < kUnroll<T>; ++u) {
+            if (u < k) {
+              code[u] = codes[first + u * stride];
+              if (accumulate) previous[u] = load(base[first + u * stride]);
+            }
+          }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (u < k) {
-          const float decoded = q::dequantize(code[u], grid);
-          base[first + u * stride] =
-              accumulate ? store<T>(static_cast<compute_type_t<T>>(previous[u] + decoded))
-                         : store<T>(static_cast<compute_type_t<T>>(decoded));
-        }
-      }
-    });
+          for (int u = 0; u < kUnroll<T>; ++u) {
+            if (u < k) {
+              const float decoded = q::dequantize(code[u], grid);
+              base[first + u * stride] =
+                  accumulate ? store<T>(static_cast<compute_type_t<T>>(previous[u] + decoded))
+                             : store<T>(static_cast<compute_type_t<T>>(decoded));
+            }
+          }
+        });
   }
 }
 
