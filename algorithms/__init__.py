@@ -19,7 +19,8 @@ from bagua.torch_api.algorithms import (
     decentralized,
     gradient_allreduce,
     partial_allreduce,
+    powersgd,
     q_adam,
 )
 
-__all__ = ["Algorithm", "AlgorithmImpl", "async_model_average", "bytegrad", "decentralized", "gradient_allreduce", "partial_allreduce", "q_adam"]
+__all__ = ["Algorithm", "AlgorithmImpl", "async_model_average", "bytegrad", "decentralized", "gradient_allreduce", "partial_allreduce", "powersgd", "q_adam"]

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 import bagua.torch_api as bagua
 from bagua.torch_api.algorithms import (async_model_average, bytegrad, decentralized,
-                                        gradient_allreduce, partial_allreduce, q_adam)
+                                        gradient_allreduce, partial_allreduce, powersgd, q_adam)
 
 
 def sgd(model, args):
@@ -50,6 +50,8 @@ ALGORITHMS = {
     # the ring among all ranks, no intra-node averaging first
     "low_precision_decentralized_ring": (
         sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False)),
+    # low-rank gradients (rank 2) after 100 plain steps, error feedback
+    "powersgd": (sgd, lambda opt, args: powersgd.PowerSGDAlgorithm(rank=2, start_iter=args.warmup_steps)),
     # Ripples: P-Reduce in groups of up to 3 chosen by each generator
     **{f"partial_allreduce_{generator}": (
         sgd, lambda opt, args, generator=generator: partial_allreduce.PartialAllReduceAlgorithm(

@@ -1,0 +1,231 @@
+"""PowerSGD: gradient averaging with low-rank compression (Vogels et al.,
+"PowerSGD: Practical Low-Rank Gradient Compression for Distributed
+Optimization", 2019), the scheme of PyTorch DDP's ``powerSGD_hook``.
+
+Each matrix-shaped gradient M (n x m, higher dimensions folded into m) is
+sent as two thin factors instead of n * m numbers:
+
+    M += error                 (error feedback: what compression lost last step)
+    P = M Q                    (n x r; Q is m x r, kept from the last step)
+    P = allreduce(P)           (summed: only its column space matters)
+    P = orthogonalize(P)       (Gram-Schmidt on the columns)
+    Q = allreduce(M^T P) / N   (m x r, the average)
+    M' = P Q^T                 (the rank-r approximation of the average)
+    error = M - M'
+
+All factors of a bucket travel in one allreduce for P and one for Q. Vectors
+(biases, norms) and matrices that would not shrink by ``min_compression_rate``
+are averaged uncompressed, in one allreduce per bucket. The first
+``start_iter`` steps average every gradient uncompressed, as DDP's hook does,
+so that training leaves its first, fast-changing phase before compression
+starts. Q starts from the same random values on every rank (seeded by
+``seed`` and the tensor's name) and is warm-started from the previous step
+after that.
+
+The math runs in PyTorch on the bucket's device, on the communication
+thread, in the bucket's turn (a Python op); the factors go through the
+engine's allreduce.
+"""
+
+import zlib
+from typing import Dict, List
+
+import torch
+
+import bagua.torch_api as bagua
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags, check_integer
+from bagua.torch_api import InvalidArgumentError
+
+__all__ = ["PowerSGDAlgorithm", "PowerSGDAlgorithmImpl", "initial_q", "orthogonalize", "compresses"]
+
+
+def compresses(shape: torch.Size, rank: int, min_compression_rate: float) -> bool:
+    """Whether a gradient of ``shape`` is sent as rank-``rank`` factors: a
+    matrix (2 or more dimensions) whose factors are smaller than it by at
+    least ``min_compression_rate`` (DDP's rule)."""
+    if len(shape) < 2:
+        return False
+    n = shape[0]
+    m = 1
+    for d in shape[1:]:
+        m *= d
+    return (n + m) * rank * min_compression_rate < n * m
+
+
+def initial_q(name: str, columns: int, rank: int, seed: int, dtype, device) -> torch.Tensor:
+    """The first Q of tensor ``name``: standard normal values drawn on the
+    CPU from a generator seeded by ``seed`` and the name, so every rank
+    starts from the same Q without communicating."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.randn(columns, rank, generator=generator, dtype=torch.float32).to(dtype=dtype, device=device)
+
+
+def orthogonalize(p: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
+    """Gram-Schmidt on the columns of ``p`` (n x r), in place. A column that
+    is all zeros stays zero (a parameter without gradient on every rank)
+    instead of turning into NaN."""
+    for i in range(p.shape[1]):
+        column = p[:, i:i + 1]
+        norm = torch.linalg.vector_norm(column)
+        if norm > 0:
+            column /= norm + epsilon
+        if i + 1 < p.shape[1]:
+            rest = p[:, i + 1:]
+            rest -= (column * rest).sum(dim=0, keepdim=True) * column
+    return p
+
+
+class PowerSGDAlgorithmImpl(AlgorithmImpl):
+    def __init__(self, process_group, rank: int, start_iter: int, min_compression_rate: float,
+                 error_feedback: bool, warm_start: bool, orthogonalization_epsilon: float, seed: int):
+        super().__init__(process_group)
+        self.rank = rank
+        self.start_iter = start_iter
+        self.min_compression_rate = min_compression_rate
+        self.error_feedback = error_feedback
+        self.warm_start = warm_start
+        self.epsilon = orthogonalization_epsilon
+        self.seed = seed
+        self._q: Dict[str, torch.Tensor] = {}       # per tensor name, m x r
+        self._error: Dict[str, torch.Tensor] = {}   # per tensor name, n x m
+        self._q_draws: Dict[str, int] = {}          # without warm start: fresh Q per step
+        self.bytes_sent = 0      # per rank, since wrapping: what the allreduces carried
+        self.bytes_uncompressed = 0  # what plain averaging would have carried
+
+    def init_operations(self, bagua_ddp, bucket):
+        bucket.clear_ops()
+        communicator = self.process_group.get_bucket_communicator()
+        bucket.append_python_op(lambda name: self._average_bucket(bagua_ddp, bucket, communicator),
+                                group=self.process_group)
+
+    # -- one bucket, one step --------------------------------------------------
+    def _average_bucket(self, bagua_ddp, bucket, communicator) -> None:
+        tensors = [(t.bagua_tensor_name, t.bagua_registered_tensor()) for t in bucket.tensors]
+        world = communicator.size
+        with torch.no_grad():
+            if bagua_ddp.step_counter <= self.start_iter:
+                vectors, matrices = [g for _, g in tensors], []
+            else:
+                matrices = [(n, g) for n, g in tensors if compresses(g.shape, self.rank, self.min_compression_rate)]
+                vectors = [g for n, g in tensors if not compresses(g.shape, self.rank, self.min_compression_rate)]
+            self._average(vectors, matrices, communicator, world)
+
+    def _allreduce(self, flat: torch.Tensor, communicator) -> None:
+        bagua.allreduce_inplace(flat, comm=communicator)
+        self.bytes_sent += flat.numel() * flat.element_size()
+
+    def _average(self, vectors: List[torch.Tensor], matrices, communicator, world: int) -> None:
+        """Averages `vectors` uncompressed and `matrices` ((name, gradient)
+        pairs) through their factors. The vectors travel in the allreduce of
+        the P factors: two allreduces per bucket in all."""
+        ms = [self._with_error(name, grad) for name, grad in matrices]
+        qs = [self._q_for(name, m) for (name, _), m in zip(matrices, ms)]
+        plain = sum(g.numel() for g in vectors)
+        first = torch.cat([g.reshape(-1) for g in vectors] + [(m @ q).reshape(-1) for m, q in zip(ms, qs)])
+        self._allreduce(first, communicator)
+        self.bytes_uncompressed += (plain + sum(m.numel() for m in ms)) * first.element_size()
+        offset = 0
+        for g in vectors:
+            g.copy_(first[offset:offset + g.numel()].view_as(g) / world)
+            offset += g.numel()
+        if not matrices:
+            return
+        # P = M Q summed over ranks; only its column space matters.
+        ps = []
+        for m in ms:
+            ps.append(orthogonalize(first[offset:offset + m.shape[0] * self.rank].view(m.shape[0], self.rank),
+                                    self.epsilon))
+            offset += m.shape[0] * self.rank
+        # Q = M^T P, averaged over ranks.
+        q_flat = torch.cat([(m.t() @ p).reshape(-1) for m, p in zip(ms, ps)])
+        self._allreduce(q_flat, communicator)
+        q_flat /= world
+        offset = 0
+        for (name, grad), m, p, q in zip(matrices, ms, ps, qs):
+            q.copy_(q_flat[offset:offset + q.numel()].view_as(q))
+            offset += q.numel()
+            approximation = p @ q.t()
+            if self.error_feedback:
+                self._error[name].copy_(m - approximation)
+            grad.copy_(approximation.view_as(grad))
+
+    def _with_error(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+        """The gradient as an n x m matrix, plus what compression lost last
+        step when error feedback is on."""
+        m = grad.reshape(grad.shape[0], -1)
+        if not self.error_feedback:
+            return m
+        error = self._error.get(name)
+        if error is None or error.shape != m.shape:
+            error = self._error[name] = torch.zeros_like(m)
+        return m + error
+
+    def _q_for(self, name: str, m: torch.Tensor) -> torch.Tensor:
+        """The Q to multiply M by: the last step's (warm start) or a fresh
+        draw, the same on every rank."""
+        q = self._q.get(name)
+        if q is not None and q.shape == (m.shape[1], self.rank) and self.warm_start:
+            return q
+        draw = self._q_draws.get(name, 0)
+        self._q_draws[name] = draw + 1
+        q = initial_q(name if draw == 0 else f"{name}#{draw}", m.shape[1], self.rank, self.seed, m.dtype, m.device)
+        self._q[name] = q
+        return q
+
+    # -- checkpoints -----------------------------------------------------------
+    def state_dict(self, bagua_ddp) -> dict:
+        return {"q": {k: v.cpu() for k, v in self._q.items()},
+                "error": {k: v.cpu() for k, v in self._error.items()},
+                "q_draws": dict(self._q_draws)}
+
+    def load_state_dict(self, bagua_ddp, state: dict) -> None:
+        device = next((p.device for p in bagua_ddp.module.parameters()), torch.device("cpu"))
+        self._q = {k: v.to(device) for k, v in state.get("q", {}).items()}
+        self._error = {k: v.to(device) for k, v in state.get("error", {}).items()}
+        self._q_draws = dict(state.get("q_draws", {}))
+
+    def compression_ratio(self) -> float:
+        """Bytes plain averaging would have sent over bytes sent, since wrapping."""
+        return self.bytes_uncompressed / self.bytes_sent if self.bytes_sent else 1.0
+
+
+class PowerSGDAlgorithm(Algorithm):
+    def __init__(self, rank: int = 1, start_iter: int = 10, min_compression_rate: float = 2.0,
+                 error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0.0,
+                 seed: int = 0):
+        """
+        Args:
+            rank: the rank r of the approximation (PyTorch's
+                ``matrix_approximation_rank``): each n x m gradient is sent as
+                (n + m) * r numbers.
+            start_iter: this many first steps average uncompressed
+                (``start_powerSGD_iter``).
+            min_compression_rate: a matrix is compressed only if its factors
+                are at least this many times smaller than it.
+            error_feedback: add what compression lost to the next step's
+                gradient (needed to converge like plain averaging).
+            warm_start: start each step's power iteration from the last Q.
+            orthogonalization_epsilon: added to column norms in Gram-Schmidt.
+            seed: seeds the first Q (identical on every rank).
+        """
+        check_integer(type(self).__name__, "rank", rank, 1)
+        check_integer(type(self).__name__, "start_iter", start_iter, 0)
+        check_flags(type(self).__name__, error_feedback=error_feedback, warm_start=warm_start)
+        if not isinstance(min_compression_rate, (int, float)) or min_compression_rate < 1:
+            raise InvalidArgumentError(
+                f"PowerSGDAlgorithm: min_compression_rate must be a number >= 1, got {min_compression_rate!r}")
+        if not isinstance(orthogonalization_epsilon, (int, float)) or orthogonalization_epsilon < 0:
+            raise InvalidArgumentError(
+                f"PowerSGDAlgorithm: orthogonalization_epsilon must be >= 0, got {orthogonalization_epsilon!r}")
+        self.rank = rank
+        self.start_iter = start_iter
+        self.min_compression_rate = float(min_compression_rate)
+        self.error_feedback = error_feedback
+        self.warm_start = warm_start
+        self.orthogonalization_epsilon = float(orthogonalization_epsilon)
+        self.seed = seed
+
+    def reify(self, process_group) -> PowerSGDAlgorithmImpl:
+        return PowerSGDAlgorithmImpl(process_group, self.rank, self.start_iter, self.min_compression_rate,
+                                     self.error_feedback, self.warm_start, self.orthogonalization_epsilon,
+                                     self.seed)

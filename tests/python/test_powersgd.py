@@ -1,0 +1,118 @@
+"""PowerSGDAlgorithm against a single-process reference written here from
+the formulas (every rank's gradient computed locally, the low-rank average
+built with plain torch), and its pieces alone."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bagua.torch_api import InvalidArgumentError
+from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm, compresses, initial_q, orthogonalize
+from launcher import run_workers
+from workers import batches, fresh_model_and_optimizer
+
+WORKERS = Path(__file__).with_name("powersgd_workers.py")
+
+
+def test_compresses_follows_ddps_rule():
+    assert not compresses(torch.Size([100]), 1, 2.0)            # vectors never
+    assert compresses(torch.Size([37, 20]), 1, 2.0)              # (37 + 20) * 2 < 740
+    assert not compresses(torch.Size([5, 13]), 4, 2.0)           # (5 + 13) * 4 * 2 > 65
+    assert compresses(torch.Size([8, 3, 3, 3]), 1, 2.0)          # conv: 8 x 27
+    assert not compresses(torch.Size([37, 20]), 1, 20.0)         # 57 * 20 > 740
+
+
+def test_orthogonalize_gives_orthonormal_columns_and_keeps_zero_columns():
+    p = torch.randn(50, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    q = orthogonalize(p.clone())
+    torch.testing.assert_close(q.t() @ q, torch.eye(4, dtype=torch.float64), rtol=0, atol=1e-12)
+    # the span is kept: p = q r with r upper triangular
+    r = q.t() @ p
+    torch.testing.assert_close(q @ r, p, rtol=0, atol=1e-10)
+    assert torch.equal(orthogonalize(torch.zeros(6, 2)), torch.zeros(6, 2))
+
+
+def test_initial_q_is_the_same_for_a_name_and_differs_between_names():
+    a = initial_q("fc1.weight", 20, 2, 0, torch.float32, "cpu")
+    assert torch.equal(a, initial_q("fc1.weight", 20, 2, 0, torch.float32, "cpu"))
+    assert not torch.equal(a, initial_q("fc2.weight", 20, 2, 0, torch.float32, "cpu"))
+    assert not torch.equal(a, initial_q("fc1.weight", 20, 2, 1, torch.float32, "cpu"))
+
+
+@pytest.mark.parametrize("bad", [dict(rank=0), dict(start_iter=-1), dict(min_compression_rate=0.5),
+                                 dict(error_feedback="yes"), dict(orthogonalization_epsilon=-1.0)])
+def test_bad_arguments_are_clear_errors(bad):
+    with pytest.raises(InvalidArgumentError):
+        PowerSGDAlgorithm(**bad)
+
+
+def reference_training(world_size, names, rank_r, start_iter, error_feedback, warm_start, steps=5):
+    """The same training in one process: each rank's gradient from its own
+    data, averaged by the PowerSGD formulas (plain average for the first
+    start_iter steps and for tensors that are not compressed)."""
+    model, opt = fresh_model_and_optimizer("sgd")
+    data = [batches(r, steps=steps) for r in range(world_size)]
+    qs, errors, draws, history = {}, {}, {}, []
+    for step in range(1, steps + 1):
+        grads = []
+        for r in range(world_size):
+            model.zero_grad()
+            x, y = data[r][step - 1]
+            F.cross_entropy(model(x), y).backward()
+            grads.append([p.grad.detach().clone().double() for p in model.parameters()])
+        averaged = []
+        for i, (name, param) in enumerate(zip(names, model.parameters())):
+            local = [g[i] for g in grads]
+            if step <= start_iter or not compresses(param.shape, rank_r, 2.0):
+                averaged.append(sum(local) / world_size)
+                continue
+            ms = [g.reshape(g.shape[0], -1) for g in local]
+            if error_feedback:  # each rank adds what its compression lost last time
+                ms = [m + errors.get((name, r), torch.zeros_like(m)) for r, m in enumerate(ms)]
+            if name not in qs or not warm_start:
+                draw = draws.get(name, 0)
+                draws[name] = draw + 1
+                qs[name] = initial_q(name if draw == 0 else f"{name}#{draw}", ms[0].shape[1], rank_r, 0,
+                                     torch.float32, "cpu").double()
+            p = orthogonalize(sum(m @ qs[name] for m in ms))
+            qs[name] = sum(m.t() @ p for m in ms) / world_size
+            approximation = p @ qs[name].t()
+            if error_feedback:
+                for r, m in enumerate(ms):
+                    errors[(name, r)] = m - approximation
+            averaged.append(approximation.view_as(param))
+        for param, g in zip(model.parameters(), averaged):
+            param.grad = g.float()
+        opt.step()
+        history.append([p.detach().clone() for p in model.parameters()])
+    return history
+
+
+@pytest.mark.parametrize("world_size,rank_r,start_iter,error_feedback,warm_start,flatten", [
+    (2, 2, 2, True, True, True),
+    (3, 1, 0, True, True, False),
+    (5, 2, 1, False, False, True),
+])
+def test_training_matches_the_reference(tmp_path, world_size, rank_r, start_iter, error_feedback, warm_start,
+                                        flatten):
+    flags = ["1" if f else "0" for f in (error_feedback, warm_start, flatten)]
+    results = run_workers("training", world_size, tmp_path, script=WORKERS,
+                          args=(str(rank_r), str(start_iter), *flags))
+    reference = reference_training(world_size, results[0]["names"], rank_r, start_iter, error_feedback,
+                                   warm_start)
+    for rank, result in enumerate(results):
+        assert result["names"] == results[0]["names"]
+        for step, (ours, expected) in enumerate(zip(result["params"], reference)):
+            for name, a, b in zip(result["names"], ours, expected):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5,
+                                           msg=lambda m: f"rank {rank}, step {step + 1}, {name}: {m}")
+    # after start_iter the matrices travel as factors: fewer bytes than plain averaging
+    assert results[0]["bytes_sent"] < results[0]["bytes_uncompressed"]
+    # the runtime's state (what checkpoints save) carries Q and the errors, and loads back
+    compressed = [n for n, p in zip(results[0]["names"], results[0]["params"][0])
+                  if compresses(p.shape, rank_r, 2.0)]
+    assert results[0]["state_q"] == sorted(compressed)
+    assert results[0]["state_error"] == (sorted(compressed) if error_feedback else [])
+    assert all(r["round_trip"] for r in results)
