@@ -11,17 +11,89 @@ import torch.nn.functional as F
 import bagua.torch_api as bagua
 from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm
 
+import minmax_reference as ref
+from bagua.torch_api.algorithms.powersgd import orthogonalize
 from workers import batches, fresh_model_and_optimizer
 
+# The exchange scenario's tensors: integer values, so that P = M Q is exact
+# in float32 and the reference quantizes the very values the algorithm does.
+EXCHANGE_SHAPES = {"a.weight": (37, 23), "b.weight": (16, 12)}
+EXCHANGE_VECTOR = 7
+EXCHANGE_RANK = 2
 
-def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", warm_start="1", flatten="1"):
+
+def exchange_inputs(rank):
+    """(vector, {name: matrix}) of rank ``rank``, small integers."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    vector = torch.randint(-8, 9, (EXCHANGE_VECTOR,), generator=g).float()
+    return vector, {n: torch.randint(-8, 9, s, generator=g).float() for n, s in EXCHANGE_SHAPES.items()}
+
+
+def exchange_q():
+    g = torch.Generator().manual_seed(7)
+    return {n: torch.randint(-3, 4, (s[1], EXCHANGE_RANK), generator=g).float()
+            for n, s in EXCHANGE_SHAPES.items()}
+
+
+def chunk_of(n, m, j):
+    """The low-precision average's chunk j of n elements over m ranks:
+    (offset, count), the first n % m chunks one longer."""
+    base, rest = divmod(n, m)
+    return j * base + min(j, rest), base + (1 if j < rest else 0)
+
+
+def low_precision_average(buffers):
+    """The 8-bit average of every rank's float32 buffer, from the formulas:
+    owner j of chunk j adds the decoded 8-bit chunks of the others to its
+    exact own, divides by the rank count, and everyone decodes the 8-bit form
+    of that average."""
+    m, out = len(buffers), torch.empty_like(buffers[0])
+    for j in range(m):
+        off, cnt = chunk_of(buffers[0].numel(), m, j)
+        acc = buffers[j][off:off + cnt].clone()
+        for r in range(m):
+            if r != j:
+                acc += ref.decompress(*ref.compress(buffers[r][off:off + cnt]))
+        acc /= m
+        out[off:off + cnt] = ref.decompress(*ref.compress(acc))
+    return out
+
+
+def reference_exchange(world, low_precision):
+    """What every rank's vector, gradients and Q must be after one PowerSGD
+    exchange (no error feedback), in float32 with plain torch."""
+    inputs = [exchange_inputs(r) for r in range(world)]
+    q = exchange_q()
+    names = list(EXCHANGE_SHAPES)
+
+    def average(buffers):
+        return low_precision_average(buffers) if low_precision else sum(buffers) / world
+
+    first = average([torch.cat([v] + [(ms[n] @ q[n]).reshape(-1) for n in names]) for v, ms in inputs])
+    vector, offset, ps = first[:EXCHANGE_VECTOR], EXCHANGE_VECTOR, {}
+    for n in names:
+        rows = EXCHANGE_SHAPES[n][0]
+        ps[n] = orthogonalize(first[offset:offset + rows * EXCHANGE_RANK].view(rows, EXCHANGE_RANK).clone())
+        offset += rows * EXCHANGE_RANK
+    q_flat = average([torch.cat([(ms[n].t() @ ps[n]).reshape(-1) for n in names]) for _, ms in inputs])
+    offset, grads, qs = 0, {}, {}
+    for n in names:
+        qs[n] = q_flat[offset:offset + q[n].numel()].view_as(q[n])
+        offset += q[n].numel()
+        grads[n] = ps[n] @ qs[n].t()
+    return vector, grads, qs
+
+
+def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", warm_start="1", flatten="1",
+                      low_precision="0"):
     """Five SGD steps of workers.Net with PowerSGD; saves the parameters
     after every step, the bagua names of the parameters and the bytes."""
     bagua.init_process_group()
     rank = bagua.get_rank()
     model, opt = fresh_model_and_optimizer("sgd")
     algorithm = PowerSGDAlgorithm(rank=int(rank_r), start_iter=int(start_iter),
-                                  error_feedback=error_feedback == "1", warm_start=warm_start == "1")
+                                  error_feedback=error_feedback == "1", warm_start=warm_start == "1",
+                                  low_precision=low_precision == "1")
     model = model.with_bagua([opt], algorithm, do_flatten=flatten == "1")
     params = []
     for x, y in batches(rank, steps=5):
@@ -39,6 +111,23 @@ def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", w
                 "round_trip": round_trip, "names": [p.bagua_tensor_name for p in model.parameters()],
                 "bytes_sent": impl.bytes_sent, "bytes_uncompressed": impl.bytes_uncompressed},
                os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_exchange(out_dir, low_precision):
+    """One exchange of the algorithm's averaging on the exchange inputs,
+    and the reference computed in this same process (same torch, so the
+    same float32 products)."""
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    impl = PowerSGDAlgorithm(rank=EXCHANGE_RANK, error_feedback=False,
+                             low_precision=low_precision == "1").reify(None)
+    impl._q = exchange_q()
+    vector, matrices = exchange_inputs(rank)
+    comm = bagua.communication._get_default_group().get_global_communicator()
+    impl._average([vector], list(matrices.items()), comm)
+    expected = reference_exchange(world, low_precision == "1")
+    torch.save({"vector": vector, "grads": matrices, "q": impl._q, "expected": expected,
+                "bytes_sent": impl.bytes_sent}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 if __name__ == "__main__":

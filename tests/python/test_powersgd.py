@@ -42,7 +42,8 @@ def test_initial_q_is_the_same_for_a_name_and_differs_between_names():
 
 
 @pytest.mark.parametrize("bad", [dict(rank=0), dict(start_iter=-1), dict(min_compression_rate=0.5),
-                                 dict(error_feedback="yes"), dict(orthogonalization_epsilon=-1.0)])
+                                 dict(error_feedback="yes"), dict(orthogonalization_epsilon=-1.0),
+                                 dict(low_precision=1)])
 def test_bad_arguments_are_clear_errors(bad):
     with pytest.raises(InvalidArgumentError):
         PowerSGDAlgorithm(**bad)
@@ -116,3 +117,40 @@ def test_training_matches_the_reference(tmp_path, world_size, rank_r, start_iter
     assert results[0]["state_q"] == sorted(compressed)
     assert results[0]["state_error"] == (sorted(compressed) if error_feedback else [])
     assert all(r["round_trip"] for r in results)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+@pytest.mark.parametrize("low_precision", [False, True])
+def test_exchange_matches_the_reference(tmp_path, world_size, low_precision):
+    """One averaging step on integer inputs: the 8-bit exchange equals the
+    formulas bit for bit (the quantized values are exact), and differs from
+    the full precision one, which equals them to float rounding."""
+    results = run_workers("exchange", world_size, tmp_path / str(low_precision), script=WORKERS,
+                          args=("1" if low_precision else "0",))
+    tolerance = dict(rtol=0, atol=0) if low_precision else dict(rtol=1e-5, atol=1e-5)
+    for rank, result in enumerate(results):
+        vector, grads, qs = result["expected"]
+        torch.testing.assert_close(result["vector"], vector, **tolerance)
+        for name in grads:
+            torch.testing.assert_close(result["grads"][name], grads[name], **tolerance,
+                                       msg=lambda m: f"rank {rank}, {name}: {m}")
+            torch.testing.assert_close(result["q"][name], qs[name], **tolerance)
+            assert torch.equal(result["grads"][name], results[0]["grads"][name])  # replicas agree
+    if low_precision:
+        plain = run_workers("exchange", world_size, tmp_path / "plain", script=WORKERS, args=("0",))
+        assert results[0]["bytes_sent"] * 2 < plain[0]["bytes_sent"]
+        assert any((results[0]["grads"][n] - plain[0]["grads"][n]).abs().max() > 1e-3 for n in grads)
+
+
+def test_low_precision_training_matches_the_reference_within_8bit_error(tmp_path):
+    """Training with 8-bit factors stays near the full precision reference
+    (the factors' 8-bit error, absorbed by error feedback), replicas equal."""
+    results = run_workers("training", 3, tmp_path, script=WORKERS, args=("2", "1", "1", "1", "1", "1"))
+    reference = reference_training(3, results[0]["names"], 2, 1, True, True)
+    for rank, result in enumerate(results):
+        for step, (ours, expected) in enumerate(zip(result["params"], reference)):
+            for name, a, b, c in zip(result["names"], ours, expected, results[0]["params"][step]):
+                assert torch.equal(a, c), f"rank {rank} differs from rank 0 at step {step + 1}, {name}"
+                torch.testing.assert_close(a, b, rtol=0, atol=2e-3, msg=lambda m: f"step {step + 1}, {name}: {m}")
+    plain = run_workers("training", 3, tmp_path / "plain", script=WORKERS, args=("2", "1", "1", "1", "1", "0"))
+    assert results[0]["bytes_sent"] < 0.65 * plain[0]["bytes_sent"]  # the first step is exact

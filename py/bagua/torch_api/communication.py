@@ -172,6 +172,32 @@ def allreduce_inplace(tensor, op=ReduceOp.SUM, comm=None) -> None:
     allreduce(tensor, tensor, op, comm)
 
 
+def _allreduce_inplace_in_op(tensor, op=ReduceOp.SUM, comm=None) -> None:
+    """``allreduce_inplace`` for a bucket op, whose calls match across ranks
+    by construction: it skips the cross-rank check of sizes, a round trip
+    that costs as much as the allreduce of a small tensor."""
+    call = _Call("allreduce", comm, tensor=tensor)
+    call.run([tensor], [tensor], _op_name(op))
+
+
+def _low_precision_average_in_op(tensor, comm=None) -> None:
+    """Averages ``tensor`` over all ranks of ``comm`` with MinMaxUInt8 on the
+    wire (the low-precision P-Reduce with every rank a member: scatter of
+    8-bit chunks, each owner averages its chunk, gather of the 8-bit
+    averages). Every rank ends with the same values. Float32 host memory
+    goes as is; other tensors through a float32 host copy."""
+    call = _Call("low_precision_average", comm, tensor=tensor)
+    if call.size == 1:
+        return
+    members = list(range(call.size))
+    work = tensor if tensor.dtype == torch.float32 and tensor.device.type == "cpu" \
+        else tensor.detach().to("cpu", torch.float32)
+    core.low_precision_partial_allreduce(call.comm, tensor_view(work), members,
+                                         call.comm.next_partial_id(members))
+    if work is not tensor:
+        tensor.copy_(work)
+
+
 def reduce(send_tensor, recv_tensor, dst: int, op=ReduceOp.SUM, comm=None) -> None:
     """recv_tensor on rank ``dst`` = op over ranks of send_tensor."""
     call = _Call("reduce", comm, send_tensor=send_tensor, recv_tensor=recv_tensor)
