@@ -41,7 +41,7 @@ import torch
 
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags, check_integer
 from bagua.torch_api import InvalidArgumentError
-from bagua.torch_api.communication import _allreduce_inplace_in_op, _low_precision_average_in_op
+from bagua.torch_api.communication import allreduce_inplace, low_precision_average_inplace
 
 __all__ = ["PowerSGDAlgorithm", "PowerSGDAlgorithmImpl", "initial_q", "orthogonalize", "compresses"]
 
@@ -122,11 +122,11 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
         """Sums ``flat`` over ranks, or averages it with 8-bit codes on the
         wire; returns what to divide the result by to get the average."""
         if eight_bit:
-            _low_precision_average_in_op(flat, comm=communicator)
+            low_precision_average_inplace(flat, comm=communicator)
             # one code byte per element, and a min/max header per chunk and rank
             self.bytes_sent += flat.numel() + 8 * communicator.size
             return 1
-        _allreduce_inplace_in_op(flat, comm=communicator)
+        allreduce_inplace(flat, comm=communicator)
         self.bytes_sent += flat.numel() * flat.element_size()
         return communicator.size
 

@@ -130,6 +130,27 @@ def scenario_exchange(out_dir, low_precision):
                 "bytes_sent": impl.bytes_sent}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def lp_average_input(rank, numel=1001):
+    return torch.randn(numel, generator=torch.Generator().manual_seed(50 + rank))
+
+
+def scenario_lp_average(out_dir):
+    """bagua.low_precision_average_inplace on float32 and float64 tensors,
+    and a call where the last rank passes another size."""
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    f32 = lp_average_input(rank)
+    f64 = f32.double()
+    bagua.low_precision_average_inplace(f32)
+    bagua.low_precision_average_inplace(f64)
+    mismatch = None
+    try:
+        bagua.low_precision_average_inplace(torch.zeros(10 + (rank == world - 1)))
+    except bagua.InvalidArgumentError as e:
+        mismatch = str(e)
+    torch.save({"f32": f32, "f64": f64, "mismatch": mismatch}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

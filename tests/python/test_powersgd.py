@@ -154,3 +154,20 @@ def test_low_precision_training_matches_the_reference_within_8bit_error(tmp_path
                 torch.testing.assert_close(a, b, rtol=0, atol=2e-3, msg=lambda m: f"step {step + 1}, {name}: {m}")
     plain = run_workers("training", 3, tmp_path / "plain", script=WORKERS, args=("2", "1", "1", "1", "1", "0"))
     assert results[0]["bytes_sent"] < 0.65 * plain[0]["bytes_sent"]  # the first step is exact
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_low_precision_average_primitive_matches_the_formulas(tmp_path, world_size):
+    from powersgd_workers import lp_average_input, low_precision_average
+
+    results = run_workers("lp_average", world_size, tmp_path, script=WORKERS)
+    inputs = [lp_average_input(r) for r in range(world_size)]
+    expected = low_precision_average(inputs) if world_size > 1 else inputs[0]
+    exact = sum(inputs) / world_size
+    for rank, result in enumerate(results):
+        assert torch.equal(result["f32"], expected), f"rank {rank}"
+        assert result["f64"].dtype == torch.float64 and torch.equal(result["f64"].float(), expected)
+        # within the 8-bit error of the exact mean: each chunk's step is its range / 255
+        assert (result["f32"] - exact).abs().max() < 2 * (exact.max() - exact.min()) / 255 + 1e-6
+        if world_size > 1:
+            assert "low_precision_average" in result["mismatch"], result["mismatch"]

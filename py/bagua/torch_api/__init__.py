@@ -31,6 +31,7 @@ from bagua.torch_api.communication import (  # noqa: F401
     alltoall,
     alltoall_inplace,
     barrier,
+    low_precision_average_inplace,
     broadcast,
     gather,
     partial_allreduce,

@@ -14,7 +14,9 @@ The process groups live in :mod:`bagua.torch_api.process_group`; this module
 re-exports them, since Bagua's users import both from here.
 """
 
+import contextlib
 import enum
+import threading
 from typing import Optional
 
 import torch
@@ -36,7 +38,7 @@ __all__ = _process_group.__all__ + [
     "ReduceOp", "allreduce", "allreduce_inplace", "reduce", "reduce_inplace", "broadcast",
     "allgather", "allgather_inplace", "gather", "scatter", "reduce_scatter",
     "reduce_scatter_inplace", "alltoall", "alltoall_inplace", "send", "recv", "barrier",
-    "partial_allreduce", "partial_allreduce_inplace",
+    "partial_allreduce", "partial_allreduce_inplace", "low_precision_average_inplace",
 ]
 
 
@@ -79,6 +81,26 @@ def _resolve(comm) -> "core.Communicator":
     if isinstance(comm, core.Communicator):
         return comm
     raise InvalidArgumentError(f"comm must be a BaguaProcessGroup or None, got {type(comm).__name__}")
+
+
+_bucket_op = threading.local()
+
+
+@contextlib.contextmanager
+def in_bucket_op():
+    """Marks the collectives issued inside as a bucket op's: every rank runs
+    a bucket's ops in the same order, so their calls match by construction
+    and the cross-rank check of sizes (a round trip, as costly as a small
+    allreduce) is skipped. ``BaguaBucket.append_python_op`` enters it."""
+    _bucket_op.active = True
+    try:
+        yield
+    finally:
+        _bucket_op.active = False
+
+
+def _checks_enabled() -> bool:
+    return bool(core.env().check_collectives) and not getattr(_bucket_op, "active", False)
 
 
 class _Call:
@@ -137,7 +159,7 @@ class _Call:
         """Runs the op on ``inputs`` then ``outputs`` (views, in that order)
         and ``args``; first, unless ``verify`` is None, every rank checks that
         all passed a tensor of ``verify``'s size and dtype (and ``root``)."""
-        if verify is not None and core.env().check_collectives and self.size > 1:
+        if verify is not None and _checks_enabled() and self.size > 1:
             # A view of no memory: only its size and dtype are compared.
             shape = core.TensorView(0, verify.numel(), dtype_name(verify.dtype), "cpu")
             self.comm.verify_same_call(self.op, shape, root)
@@ -172,23 +194,18 @@ def allreduce_inplace(tensor, op=ReduceOp.SUM, comm=None) -> None:
     allreduce(tensor, tensor, op, comm)
 
 
-def _allreduce_inplace_in_op(tensor, op=ReduceOp.SUM, comm=None) -> None:
-    """``allreduce_inplace`` for a bucket op, whose calls match across ranks
-    by construction: it skips the cross-rank check of sizes, a round trip
-    that costs as much as the allreduce of a small tensor."""
-    call = _Call("allreduce", comm, tensor=tensor)
-    call.run([tensor], [tensor], _op_name(op))
-
-
-def _low_precision_average_in_op(tensor, comm=None) -> None:
-    """Averages ``tensor`` over all ranks of ``comm`` with MinMaxUInt8 on the
-    wire (the low-precision P-Reduce with every rank a member: scatter of
-    8-bit chunks, each owner averages its chunk, gather of the 8-bit
-    averages). Every rank ends with the same values. Float32 host memory
-    goes as is; other tensors through a float32 host copy."""
+def low_precision_average_inplace(tensor, comm=None) -> None:
+    """Averages ``tensor`` over all ranks with MinMaxUInt8 codes on the wire
+    (about a quarter of the bytes of ``allreduce``): a scatter of 8-bit
+    chunks, each chunk's owner averages it, a gather of the 8-bit averages
+    (docs/compression.md). Every rank ends with the same values, within the
+    8-bit error of the exact average. Float32 host memory is used as is;
+    other tensors go through a float32 host copy."""
     call = _Call("low_precision_average", comm, tensor=tensor)
     if call.size == 1:
         return
+    if _checks_enabled():
+        call.comm.verify_same_call(call.op, core.TensorView(0, tensor.numel(), "float32", "cpu"), -1)
     members = list(range(call.size))
     work = tensor if tensor.dtype == torch.float32 and tensor.device.type == "cpu" \
         else tensor.detach().to("cpu", torch.float32)
@@ -336,7 +353,7 @@ def partial_allreduce(send_tensor, recv_tensor, ranks, op=ReduceOp.AVG, comm=Non
         group_id = call.comm.next_partial_id(members)
     elif isinstance(group_id, bool) or not isinstance(group_id, int) or group_id < 0:
         raise InvalidArgumentError(f"partial_allreduce: group_id must be an int >= 0, got {group_id!r}")
-    verify = bool(core.env().check_collectives) and len(members) > 1
+    verify = _checks_enabled() and len(members) > 1
     call.run([send_tensor], [recv_tensor], members, _op_name(op), group_id, verify)
 
 
