@@ -15,6 +15,7 @@ them as ``bagua.torch_api.algorithms``:
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
 from bagua.torch_api.algorithms import (
     async_model_average,
+    auto,
     bytegrad,
     decentralized,
     gradient_allreduce,
@@ -23,4 +24,4 @@ from bagua.torch_api.algorithms import (
     q_adam,
 )
 
-__all__ = ["Algorithm", "AlgorithmImpl", "async_model_average", "bytegrad", "decentralized", "gradient_allreduce", "partial_allreduce", "powersgd", "q_adam"]
+__all__ = ["Algorithm", "AlgorithmImpl", "async_model_average", "auto", "bytegrad", "decentralized", "gradient_allreduce", "partial_allreduce", "powersgd", "q_adam"]

@@ -23,9 +23,12 @@
 //   BAGUA_AUTOTUNE_WINDOW_STEPS   integer >= 1  10                  autotune_window_steps
 //   BAGUA_AUTOTUNE_MAX_TRIALS     integer >= 1  10                  autotune_max_trials
 //   BAGUA_AUTOTUNE_MAX_SECONDS    integer >= 1  300                 autotune_max_seconds
+//   BAGUA_ALGORITHM               name (4)      (unset: measure)    algorithm
 //   (1) trace, debug, info, warn (warning), error (err), critical, off
 //   (2) 1, true, yes, on / 0, false, no, off (any case)
 //   (3) > 0 and <= 1e9, kept in whole milliseconds rounded up (>= 1 ms)
+//   (4) gradient_allreduce, bytegrad, powersgd, powersgd_8bit: what
+//       algorithm="auto" runs, instead of choosing by measurement
 // Their meaning is in docs/environment.md. The launcher's variables (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
 // GLOO_SOCKET_IFNAME belong to torchrun and are read by the Python package.
@@ -73,6 +76,7 @@ struct EnvConfig {
   std::int64_t autotune_window_steps = 10;
   std::int64_t autotune_max_trials = 10;
   std::int64_t autotune_max_seconds = 300;
+  std::string algorithm;
 };
 
 namespace detail {
@@ -184,6 +188,8 @@ inline EnvConfig read_env() {
       env_positive_int("BAGUA_AUTOTUNE_WINDOW_STEPS", c.autotune_window_steps);
   c.autotune_max_trials = env_positive_int("BAGUA_AUTOTUNE_MAX_TRIALS", c.autotune_max_trials);
   c.autotune_max_seconds = env_positive_int("BAGUA_AUTOTUNE_MAX_SECONDS", c.autotune_max_seconds);
+  c.algorithm = env_choice("BAGUA_ALGORITHM", c.algorithm,
+                           {"gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit"});
   return c;
 }
 

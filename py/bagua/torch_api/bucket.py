@@ -12,7 +12,7 @@ import torch
 
 from bagua.torch_api._core import InvalidArgumentError, core, tensor_view
 from bagua.torch_api.process_group import _get_default_group
-from bagua.torch_api.communication import in_bucket_op
+from bagua.torch_api.communication import calls_known_to_match
 from bagua.torch_api.tensor import BaguaTensor
 
 
@@ -201,13 +201,13 @@ class BaguaBucket:
         """Runs ``python_function(bucket_name)`` on the communication thread in
         this bucket's turn. Exceptions it raises fail the iteration. The
         collectives it issues skip the cross-rank size check
-        (``communication.in_bucket_op``): every rank runs the same ops in the
+        (``communication.calls_known_to_match``): every rank runs the same ops in the
         same bucket order."""
         if not callable(python_function):
             raise InvalidArgumentError("append_python_op: python_function must be callable")
 
         def run(bucket_name: str) -> None:
-            with in_bucket_op():
+            with calls_known_to_match():
                 python_function(bucket_name)
 
         self.backend_bucket.append_python_op(run)

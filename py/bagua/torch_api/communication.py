@@ -83,24 +83,26 @@ def _resolve(comm) -> "core.Communicator":
     raise InvalidArgumentError(f"comm must be a BaguaProcessGroup or None, got {type(comm).__name__}")
 
 
-_bucket_op = threading.local()
+_known_to_match = threading.local()
 
 
 @contextlib.contextmanager
-def in_bucket_op():
-    """Marks the collectives issued inside as a bucket op's: every rank runs
-    a bucket's ops in the same order, so their calls match by construction
-    and the cross-rank check of sizes (a round trip, as costly as a small
-    allreduce) is skipped. ``BaguaBucket.append_python_op`` enters it."""
-    _bucket_op.active = True
+def calls_known_to_match():
+    """Marks the collectives issued inside, on this thread, as calls that
+    match across ranks by construction, so the cross-rank check of sizes (a
+    round trip, as costly as a small allreduce) is skipped. A bucket's
+    Python op runs in it (``BaguaBucket.append_python_op``): every rank runs
+    the same ops in the same bucket order."""
+    previous = getattr(_known_to_match, "active", False)
+    _known_to_match.active = True
     try:
         yield
     finally:
-        _bucket_op.active = False
+        _known_to_match.active = previous
 
 
 def _checks_enabled() -> bool:
-    return bool(core.env().check_collectives) and not getattr(_bucket_op, "active", False)
+    return bool(core.env().check_collectives) and not getattr(_known_to_match, "active", False)
 
 
 class _Call:

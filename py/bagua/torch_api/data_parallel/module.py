@@ -35,6 +35,10 @@ class BaguaModule:
         ``autotune``: tune the bucket size during training (default:
         BAGUA_AUTOTUNE). See docs/execution_optimizer.md.
 
+        ``algorithm="auto"``: ``AutoAlgorithm()``, which measures the network
+        and the step and runs the algorithm predicted fastest
+        (docs/auto.md).
+
         Called on a module already wrapped, it switches to ``algorithm``: the
         previous algorithm is stopped (its background threads too) and
         released, and the module is wrapped anew (states broadcast from rank
@@ -43,6 +47,9 @@ class BaguaModule:
         if not is_initialized():
             raise RuntimeError(
                 "with_bagua needs bagua's process group: call bagua.torch_api.init_process_group() first")
+        if isinstance(algorithm, str) and algorithm == "auto":
+            from bagua.torch_api.algorithms.auto import AutoAlgorithm  # the algorithms import this package
+            algorithm = AutoAlgorithm()
         previous = getattr(self, "bagua_ddp", None)
         if previous is not None:
             # Switching algorithm (Bagua's test_model_switch): bad arguments

@@ -1,0 +1,96 @@
+"""Worker scenarios of test_auto.py, run on several processes by
+launcher.run_workers. Usage: auto_workers.py SCENARIO OUT_DIR [ARGS...];
+each rank saves its results to OUT_DIR/rank{RANK}.pt."""
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import bagua.torch_api as bagua
+from bagua.torch_api.algorithms.auto import AutoAlgorithm
+from bagua.torch_api.algorithms.bytegrad import ByteGradAlgorithm
+from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm
+
+from workers import batches, fresh_model_and_optimizer
+
+DIRECT = {"gradient_allreduce": lambda: GradientAllReduceAlgorithm(hierarchical=False),
+          "bytegrad": lambda: ByteGradAlgorithm(hierarchical=False),
+          "powersgd": lambda: PowerSGDAlgorithm(rank=1, start_iter=2),
+          "powersgd_8bit": lambda: PowerSGDAlgorithm(rank=1, start_iter=2, low_precision=True)}
+
+
+def _train(model, opt, rank, steps, record=None):
+    params = []
+    for step, (x, y) in enumerate(batches(rank, steps=steps), 1):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        params.append([p.detach().clone() for p in model.parameters()])
+        if record is not None:
+            record.append(AutoAlgorithm.decision(model))
+    return params
+
+
+def scenario_auto(out_dir, override="", steps="6"):
+    """Trains with algorithm="auto" (BAGUA_ALGORITHM=override when given),
+    then the same from the same start with the algorithm auto chose, given
+    directly from its first step."""
+    if override:
+        os.environ["BAGUA_ALGORITHM"] = override
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    model, opt = fresh_model_and_optimizer("sgd")
+    model = model.with_bagua([opt], AutoAlgorithm(decide_after=2, powersgd_start_iter=2))
+    decisions = []
+    auto_params = _train(model, opt, rank, int(steps), decisions)
+    impl = model.bagua_ddp.bagua_algorithm_impl
+    state = model.bagua_ddp.state_dict()["algorithm_state"]
+    choice = decisions[-1]["choice"]
+    model.without_bagua()
+    direct_model, direct_opt = fresh_model_and_optimizer("sgd")
+    direct_model = direct_model.with_bagua([direct_opt], DIRECT[choice]())
+    direct_params = _train(direct_model, direct_opt, rank, int(steps))
+    torch.save({"decisions": decisions, "current": type(impl.current).__name__, "state_choice": state["choice"],
+                "auto": auto_params, "direct": direct_params}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_override_mismatch(out_dir):
+    """The last rank sets another BAGUA_ALGORITHM than the others."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.environ["BAGUA_ALGORITHM"] = "bytegrad" if rank == world - 1 else "powersgd"
+    bagua.init_process_group()
+    model, opt = fresh_model_and_optimizer("sgd")
+    error = None
+    try:
+        model.with_bagua([opt], "auto")
+    except bagua.InvalidArgumentError as e:
+        error = str(e)
+    torch.save({"error": error}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_resume(out_dir):
+    """A checkpoint taken after the choice (ByteGrad, the only candidate),
+    loaded into a fresh auto wrapper that would measure for 50 steps and
+    could only pick PowerSGD: it runs the saved choice from the next step."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    model, opt = fresh_model_and_optimizer("sgd")
+    model = model.with_bagua([opt], AutoAlgorithm(candidates=["bytegrad"], decide_after=2))
+    _train(model, opt, rank, 3)
+    saved = model.bagua_ddp.state_dict()
+    model.without_bagua()
+    fresh, fresh_opt = fresh_model_and_optimizer("sgd")
+    fresh = fresh.with_bagua([fresh_opt], AutoAlgorithm(candidates=["powersgd"], decide_after=50))
+    fresh.bagua_ddp.load_state_dict(saved)
+    _train(fresh, fresh_opt, rank, 2)
+    impl = fresh.bagua_ddp.bagua_algorithm_impl
+    torch.save({"choice": AutoAlgorithm.decision(fresh)["choice"], "current": type(impl.current).__name__},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+if __name__ == "__main__":
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])
