@@ -6,7 +6,8 @@ so nothing is lost while measuring). At the end of the last of them every
 rank measures, with the same calls on every rank:
 
 - the compute time of a step: forward start to backward end, the least of
-  those steps (the profiling iteration included);
+  those steps (the profiling iteration included), and how long each then
+  still waited for its allreduces: how much of them the backward pass hid;
 - the network: a full precision allreduce and an 8-bit average
   (``low_precision_average_inplace``, ByteGrad's scheme, compression
   included) of a small and a large buffer, each fitted to
@@ -43,7 +44,7 @@ from bagua.torch_api.communication import calls_known_to_match
 from bagua.torch_api import InvalidArgumentError
 
 __all__ = ["AutoAlgorithm", "AutoAlgorithmImpl", "CANDIDATES", "LinkModel", "Measurements", "predict",
-           "choose"]
+           "choose", "measured_overlap"]
 
 CANDIDATES = ("gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit")
 SMALL_PROBE_BYTES = 4096
@@ -75,30 +76,45 @@ class Measurements:
     world_size: int
     compute_s: float        # forward + backward of one step
     gradient_bytes: int     # all gradients, as stored
-    buckets: int            # collectives per step of a one-op-per-bucket algorithm
+    buckets: int            # buckets of the gradient algorithms (one collective each)
     allreduce: LinkModel    # full precision allreduce
     low_precision: LinkModel  # 8-bit average; bytes counted as the float32 input's
     powersgd_bytes: int     # what PowerSGD's two exchanges carry per step, float32
     powersgd_math_s: float  # PowerSGD's factor math per step on this device
+    overlap: float          # share of compute_s that bucket-by-bucket communication hides
 
 
-def predict(m: Measurements, overlap: float = 0.5) -> Dict[str, float]:
+def measured_overlap(communication_s: float, exposed_s: float, compute_s: float) -> float:
+    """The share of the compute time that hid communication in the measured
+    GradientAllReduce steps: of ``communication_s`` (what the probe predicts
+    its allreduces take), ``exposed_s`` was still left to wait for after
+    backward; the rest was hidden behind ``compute_s``. In [0, 1]."""
+    if compute_s <= 0:
+        return 0.0
+    return min(max((communication_s - exposed_s) / compute_s, 0.0), 1.0)
+
+
+def predict(m: Measurements) -> Dict[str, float]:
     """Predicted step time (forward, backward and the exposed communication)
-    per candidate. Communication overlaps with the backward pass, taken as
-    ``overlap`` of the compute time; PowerSGD's math runs in the buckets'
-    ops, on the critical path. See docs/auto.md."""
+    per candidate. The gradient algorithms communicate bucket by bucket
+    during the backward pass, which hides ``m.overlap`` of the compute time;
+    PowerSGD runs with one bucket (``one_bucket=True``) after it: its math
+    and its two exchanges add to the step. See docs/auto.md."""
     if m.world_size == 1:
         return {name: m.compute_s for name in CANDIDATES}
 
-    def step(communication_s: float, math_s: float = 0.0) -> float:
-        return m.compute_s + math_s + max(0.0, communication_s - overlap * m.compute_s)
+    def overlapped(communication_s: float) -> float:
+        return m.compute_s + max(0.0, communication_s - m.overlap * m.compute_s)
+
+    def after_backward(communication_s: float) -> float:
+        return m.compute_s + m.powersgd_math_s + communication_s
 
     k = m.buckets
     return {
-        "gradient_allreduce": step(m.allreduce.time(m.gradient_bytes, k)),
-        "bytegrad": step(m.low_precision.time(m.gradient_bytes, k)),
-        "powersgd": step(m.allreduce.time(m.powersgd_bytes, 2 * k), m.powersgd_math_s),
-        "powersgd_8bit": step(m.low_precision.time(m.powersgd_bytes, 2 * k), m.powersgd_math_s),
+        "gradient_allreduce": overlapped(m.allreduce.time(m.gradient_bytes, k)),
+        "bytegrad": overlapped(m.low_precision.time(m.gradient_bytes, k)),
+        "powersgd": after_backward(m.allreduce.time(m.powersgd_bytes, 2)),
+        "powersgd_8bit": after_backward(m.low_precision.time(m.powersgd_bytes, 2)),
     }
 
 
@@ -182,7 +198,7 @@ class AutoAlgorithmImpl(AlgorithmImpl):
     forwarding the runtime's calls to it."""
 
     def __init__(self, process_group, candidates: Sequence[str], decide_after: int, powersgd_rank: int,
-                 powersgd_start_iter: int, overlap: float):
+                 powersgd_start_iter: int, overlap: Optional[float]):
         super().__init__(process_group)
         self.candidates = list(candidates)
         self.decide_after = decide_after
@@ -192,6 +208,7 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         self.choice: Optional[str] = None
         self.decision: Optional[dict] = None
         self._compute_samples: List[float] = []
+        self._exposed_samples: List[float] = []  # waiting for communication after backward
         self._forward_start = 0.0
         self._next: Optional[AlgorithmImpl] = None
         override = core.env().algorithm
@@ -212,9 +229,10 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         algorithm = {
             "gradient_allreduce": lambda: GradientAllReduceAlgorithm(hierarchical=False),
             "bytegrad": lambda: ByteGradAlgorithm(hierarchical=False),
-            "powersgd": lambda: PowerSGDAlgorithm(rank=self.powersgd_rank, start_iter=self.powersgd_start_iter),
+            "powersgd": lambda: PowerSGDAlgorithm(rank=self.powersgd_rank, start_iter=self.powersgd_start_iter,
+                                                  one_bucket=True),
             "powersgd_8bit": lambda: PowerSGDAlgorithm(rank=self.powersgd_rank, start_iter=self.powersgd_start_iter,
-                                                       low_precision=True),
+                                                       low_precision=True, one_bucket=True),
         }[name]()
         return algorithm.reify(self.process_group)
 
@@ -235,19 +253,23 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         params = [p for _, p in bagua_ddp.bagua_build_params()]
         gradient_bytes = sum(p.numel() * p.element_size() for p in params)
         with calls_known_to_match():  # every rank makes the same calls, in the same order
-            local = [min(self._compute_samples), time_powersgd_math(params, self.powersgd_rank)]
+            local = [min(self._compute_samples), min(self._exposed_samples),
+                     time_powersgd_math(params, self.powersgd_rank)]
             local += probe_links(self.process_group, gradient_bytes)
             agreed = torch.tensor(local, dtype=torch.float64)
             bagua.allreduce_inplace(agreed, op=bagua.ReduceOp.MAX, comm=self.process_group)
-        compute_s, math_s, small, large, ar_small, ar_large, lp_small, lp_large = agreed.tolist()
+        compute_s, exposed_s, math_s, small, large, ar_small, ar_large, lp_small, lp_large = agreed.tolist()
+        allreduce = LinkModel.fit(int(small), ar_small, int(large), ar_large)
+        buckets = len(bagua_ddp.bagua_buckets)
+        overlap = self.overlap if self.overlap is not None else \
+            measured_overlap(allreduce.time(gradient_bytes, buckets), exposed_s, compute_s)
         measured = Measurements(
             world_size=self.process_group.get_size(), compute_s=compute_s, gradient_bytes=gradient_bytes,
-            buckets=len(bagua_ddp.bagua_buckets),
-            allreduce=LinkModel.fit(int(small), ar_small, int(large), ar_large),
+            buckets=buckets, allreduce=allreduce,
             low_precision=LinkModel.fit(int(small), lp_small, int(large), lp_large),
             powersgd_bytes=powersgd_plan([p.shape for p in params], self.powersgd_rank),
-            powersgd_math_s=math_s)
-        predictions = predict(measured, self.overlap)
+            powersgd_math_s=math_s, overlap=overlap)
+        predictions = predict(measured)
         self.choice = choose(predictions, self.candidates)
         self.decision = {"choice": self.choice, "reason": "least predicted step time",
                          "predicted_step_s": predictions, "measurements": dataclasses.asdict(measured)}
@@ -294,8 +316,10 @@ class AutoAlgorithmImpl(AlgorithmImpl):
             return inner
 
         def hook():
-            self._compute_samples.append(time.perf_counter() - self._forward_start)
-            inner()
+            backward_end = time.perf_counter()
+            self._compute_samples.append(backward_end - self._forward_start)
+            inner()  # waits for the buckets still communicating
+            self._exposed_samples.append(time.perf_counter() - backward_end)
             if self.deciding and len(self._compute_samples) >= self.decide_after:
                 self._decide(bagua_ddp)
         return hook
@@ -335,7 +359,7 @@ class AutoAlgorithmImpl(AlgorithmImpl):
 
 class AutoAlgorithm(Algorithm):
     def __init__(self, candidates: Sequence[str] = CANDIDATES, decide_after: int = 3, powersgd_rank: int = 1,
-                 powersgd_start_iter: int = 10, overlap: float = 0.5):
+                 powersgd_start_iter: int = 10, overlap: Optional[float] = None):
         """
         Args:
             candidates: the algorithms to choose from (names of ``CANDIDATES``).
@@ -343,8 +367,9 @@ class AutoAlgorithm(Algorithm):
                 (the profiling iteration is the first).
             powersgd_rank, powersgd_start_iter: PowerSGD's ``rank`` and
                 ``start_iter`` when it is chosen.
-            overlap: the share of a step's compute time communication can
-                hide behind (the cost model's one constant, docs/auto.md).
+            overlap: the share of a step's compute time that bucket-by-bucket
+                communication hides behind; None (default): measured in the
+                GradientAllReduce steps (docs/auto.md).
         """
         if not candidates or isinstance(candidates, str):
             raise InvalidArgumentError(f"AutoAlgorithm: candidates must be a list of names from {CANDIDATES}")
@@ -353,13 +378,14 @@ class AutoAlgorithm(Algorithm):
         check_integer(type(self).__name__, "decide_after", decide_after, 1)
         check_integer(type(self).__name__, "powersgd_rank", powersgd_rank, 1)
         check_integer(type(self).__name__, "powersgd_start_iter", powersgd_start_iter, 0)
-        if not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1:
-            raise InvalidArgumentError(f"AutoAlgorithm: overlap must be a number in [0, 1], got {overlap!r}")
+        if overlap is not None and (not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1):
+            raise InvalidArgumentError(
+                f"AutoAlgorithm: overlap must be None or a number in [0, 1], got {overlap!r}")
         self.candidates = list(candidates)
         self.decide_after = decide_after
         self.powersgd_rank = powersgd_rank
         self.powersgd_start_iter = powersgd_start_iter
-        self.overlap = float(overlap)
+        self.overlap = None if overlap is None else float(overlap)
 
     def reify(self, process_group) -> AutoAlgorithmImpl:
         return AutoAlgorithmImpl(process_group, self.candidates, self.decide_after, self.powersgd_rank,

@@ -49,8 +49,11 @@ def emulated_hosts(count: int, rates_mbit: dict = None, subnet: str = "10.233.0"
             _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
             rate = (rates_mbit or {}).get(rank)
             if rate:
+                # tbf must be able to send a timer tick's worth of bytes
+                # (HZ >= 250) in one burst, or it caps below the rate
+                burst_kb = max(64, rate * 1000 // 8 // 250)
                 subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                                "rate", f"{rate}mbit", "burst", "64kb", "latency", "2000ms"],
+                                "rate", f"{rate}mbit", "burst", f"{burst_kb}kb", "latency", "2000ms"],
                                check=True, capture_output=True, text=True)
         yield hosts
     finally:

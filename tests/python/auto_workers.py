@@ -18,8 +18,8 @@ from workers import batches, fresh_model_and_optimizer
 
 DIRECT = {"gradient_allreduce": lambda: GradientAllReduceAlgorithm(hierarchical=False),
           "bytegrad": lambda: ByteGradAlgorithm(hierarchical=False),
-          "powersgd": lambda: PowerSGDAlgorithm(rank=1, start_iter=2),
-          "powersgd_8bit": lambda: PowerSGDAlgorithm(rank=1, start_iter=2, low_precision=True)}
+          "powersgd": lambda: PowerSGDAlgorithm(rank=1, start_iter=2, one_bucket=True),
+          "powersgd_8bit": lambda: PowerSGDAlgorithm(rank=1, start_iter=2, low_precision=True, one_bucket=True)}
 
 
 def _train(model, opt, rank, steps, record=None):

@@ -85,7 +85,7 @@ def reference_exchange(world, low_precision):
 
 
 def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", warm_start="1", flatten="1",
-                      low_precision="0"):
+                      low_precision="0", one_bucket="0"):
     """Five SGD steps of workers.Net with PowerSGD; saves the parameters
     after every step, the bagua names of the parameters and the bytes."""
     bagua.init_process_group()
@@ -93,7 +93,7 @@ def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", w
     model, opt = fresh_model_and_optimizer("sgd")
     algorithm = PowerSGDAlgorithm(rank=int(rank_r), start_iter=int(start_iter),
                                   error_feedback=error_feedback == "1", warm_start=warm_start == "1",
-                                  low_precision=low_precision == "1")
+                                  low_precision=low_precision == "1", one_bucket=one_bucket == "1")
     model = model.with_bagua([opt], algorithm, do_flatten=flatten == "1")
     params = []
     for x, y in batches(rank, steps=5):
@@ -109,7 +109,8 @@ def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", w
         all(torch.equal(restored._error[k], impl._error[k]) for k in impl._error)
     torch.save({"params": params, "state_q": sorted(state["q"]), "state_error": sorted(state["error"]),
                 "round_trip": round_trip, "names": [p.bagua_tensor_name for p in model.parameters()],
-                "bytes_sent": impl.bytes_sent, "bytes_uncompressed": impl.bytes_uncompressed},
+                "bytes_sent": impl.bytes_sent, "bytes_uncompressed": impl.bytes_uncompressed,
+                "buckets": len(model.bagua_ddp.bagua_buckets)},
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 

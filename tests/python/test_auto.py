@@ -10,7 +10,7 @@ import torch
 
 from bagua.torch_api import InvalidArgumentError
 from bagua.torch_api.algorithms.auto import (CANDIDATES, AutoAlgorithm, LinkModel, Measurements, choose,
-                                             powersgd_plan, predict)
+                                             measured_overlap, powersgd_plan, predict)
 from launcher import run_workers
 
 WORKERS = Path(__file__).with_name("auto_workers.py")
@@ -19,7 +19,7 @@ WORKERS = Path(__file__).with_name("auto_workers.py")
 def measurements(**changes):
     base = dict(world_size=4, compute_s=0.1, gradient_bytes=20_000_000, buckets=2,
                 allreduce=LinkModel(1e-3, 1 / 10e9), low_precision=LinkModel(2e-3, 1 / 30e9),
-                powersgd_bytes=200_000, powersgd_math_s=0.02)
+                powersgd_bytes=200_000, powersgd_math_s=0.02, overlap=0.5)
     base.update(changes)
     return Measurements(**base)
 
@@ -38,22 +38,32 @@ def test_link_model_fits_the_line_through_two_points_and_never_goes_negative():
 def test_predict_by_hand():
     """Each formula of docs/auto.md on one set of numbers."""
     m = measurements()
-    p = predict(m, overlap=0.5)
+    p = predict(m)
     hidden = 0.5 * 0.1
     assert p["gradient_allreduce"] == pytest.approx(0.1 + max(0, 2 * 1e-3 + 20e6 / 10e9 - hidden))
     assert p["bytegrad"] == pytest.approx(0.1 + max(0, 2 * 2e-3 + 20e6 / 30e9 - hidden))
-    assert p["powersgd"] == pytest.approx(0.1 + 0.02 + max(0, 4 * 1e-3 + 2e5 / 10e9 - hidden))
-    assert p["powersgd_8bit"] == pytest.approx(0.1 + 0.02 + max(0, 4 * 2e-3 + 2e5 / 30e9 - hidden))
+    # one bucket after backward: two exchanges, nothing hidden
+    assert p["powersgd"] == pytest.approx(0.1 + 0.02 + 2 * 1e-3 + 2e5 / 10e9)
+    assert p["powersgd_8bit"] == pytest.approx(0.1 + 0.02 + 2 * 2e-3 + 2e5 / 30e9)
     # nothing to hide it behind: the whole communication shows
-    assert predict(m, overlap=0.0)["gradient_allreduce"] == pytest.approx(0.1 + 2e-3 + 2e-3)
+    assert predict(measurements(overlap=0.0))["gradient_allreduce"] == pytest.approx(0.1 + 2e-3 + 2e-3)
     assert set(predict(measurements(world_size=1)).values()) == {0.1}
+
+
+def test_overlap_is_what_the_backward_pass_hid():
+    # 60 ms of allreduces, 20 ms still waited for after a 100 ms backward: 40 ms hidden
+    assert measured_overlap(0.06, 0.02, 0.1) == pytest.approx(0.4)
+    assert measured_overlap(0.06, 0.08, 0.1) == 0.0  # waited longer than predicted: nothing hidden
+    assert measured_overlap(0.5, 0.0, 0.1) == 1.0
+    assert measured_overlap(0.5, 0.0, 0.0) == 0.0
 
 
 def test_choice_follows_the_network():
     fast = measurements()  # 10 GB/s: the gradient hides behind backward; PowerSGD's math does not
     assert choose(predict(fast), CANDIDATES) == "gradient_allreduce"
     slow = measurements(allreduce=LinkModel(1e-3, 1 / 12.5e6), low_precision=LinkModel(2e-3, 1 / 40e6))
-    assert choose(predict(slow), CANDIDATES) == "powersgd"
+    assert choose(predict(slow), CANDIDATES) == "powersgd_8bit"  # 3.2x fewer seconds per byte here
+    assert choose(predict(slow), ["gradient_allreduce", "bytegrad", "powersgd"]) == "powersgd"
     # PowerSGD not allowed: 8-bit gradients are the next best on a slow link
     assert choose(predict(slow), ["gradient_allreduce", "bytegrad"]) == "bytegrad"
     # factors as large as the gradient (nothing compressible): 8-bit gradients win
@@ -70,7 +80,8 @@ def test_powersgd_plan_counts_factors_and_uncompressed_tensors():
 
 
 @pytest.mark.parametrize("bad", [dict(candidates=[]), dict(candidates="powersgd"), dict(candidates=["ddp"]),
-                                 dict(decide_after=0), dict(powersgd_rank=0), dict(overlap=1.5)])
+                                 dict(decide_after=0), dict(powersgd_rank=0), dict(overlap=1.5),
+                                 dict(overlap="all")])
 def test_bad_arguments_are_clear_errors(bad):
     with pytest.raises(InvalidArgumentError):
         AutoAlgorithm(**bad)
@@ -108,6 +119,7 @@ def test_auto_measures_and_every_rank_runs_the_same_choice(tmp_path, world_size)
     assert decision["choice"] == min(CANDIDATES, key=decision["predicted_step_s"].get)
     m = decision["measurements"]
     assert m["world_size"] == world_size and m["compute_s"] > 0 and m["allreduce"]["latency_s"] >= 0
+    assert 0 <= m["overlap"] <= 1
     assert all(r["decisions"][-1] == decision for r in results)  # measurements agreed exactly
 
 

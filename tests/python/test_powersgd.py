@@ -91,16 +91,18 @@ def reference_training(world_size, names, rank_r, start_iter, error_feedback, wa
     return history
 
 
-@pytest.mark.parametrize("world_size,rank_r,start_iter,error_feedback,warm_start,flatten", [
-    (2, 2, 2, True, True, True),
-    (3, 1, 0, True, True, False),
-    (5, 2, 1, False, False, True),
+@pytest.mark.parametrize("world_size,rank_r,start_iter,error_feedback,warm_start,flatten,one_bucket", [
+    (2, 2, 2, True, True, True, False),
+    (3, 1, 0, True, True, False, True),
+    (5, 2, 1, False, False, True, False),
 ])
 def test_training_matches_the_reference(tmp_path, world_size, rank_r, start_iter, error_feedback, warm_start,
-                                        flatten):
-    flags = ["1" if f else "0" for f in (error_feedback, warm_start, flatten)]
+                                        flatten, one_bucket):
+    flags = ["1" if f else "0" for f in (error_feedback, warm_start, flatten, False, one_bucket)]
     results = run_workers("training", world_size, tmp_path, script=WORKERS,
-                          args=(str(rank_r), str(start_iter), *flags))
+                          args=(str(rank_r), str(start_iter), *flags),
+                          extra_env={"BAGUA_DEFAULT_BUCKET_SIZE": "2048"})  # several buckets
+    assert (results[0]["buckets"] == 1) == one_bucket
     reference = reference_training(world_size, results[0]["names"], rank_r, start_iter, error_feedback,
                                    warm_start)
     for rank, result in enumerate(results):
