@@ -19,7 +19,7 @@ from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 import bagua.torch_api as bagua
-from bagua.torch_api.algorithms import (async_model_average, bytegrad, decentralized,
+from bagua.torch_api.algorithms import (async_model_average, auto, bytegrad, decentralized,
                                         gradient_allreduce, partial_allreduce, powersgd, q_adam)
 
 
@@ -52,6 +52,8 @@ ALGORITHMS = {
         sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False)),
     # low-rank gradients (rank 2) after 100 plain steps, error feedback
     "powersgd": (sgd, lambda opt, args: powersgd.PowerSGDAlgorithm(rank=2, start_iter=args.warmup_steps)),
+    # measures the first 3 steps, then runs the algorithm predicted fastest here
+    "auto": (sgd, lambda opt, args: auto.AutoAlgorithm(powersgd_rank=2, powersgd_start_iter=args.warmup_steps)),
     # Ripples: P-Reduce in groups of up to 3 chosen by each generator
     **{f"partial_allreduce_{generator}": (
         sgd, lambda opt, args, generator=generator: partial_allreduce.PartialAllReduceAlgorithm(

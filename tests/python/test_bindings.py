@@ -204,7 +204,8 @@ def test_env_defaults(environment):
     names = ["BAGUA_LOG_LEVEL", "BAGUA_COMM_TIMEOUT_S", "BAGUA_DEFAULT_BUCKET_SIZE", "BAGUA_BACKEND",
              "BAGUA_CHECK_COLLECTIVES", "BAGUA_GLOO_HOSTNAME", "BAGUA_TIMELINE", "BAGUA_AUTOTUNE",
              "BAGUA_AUTOTUNE_PLAN", "BAGUA_AUTOTUNE_OUTPUT", "BAGUA_AUTOTUNE_WARMUP_STEPS",
-             "BAGUA_AUTOTUNE_WINDOW_STEPS", "BAGUA_AUTOTUNE_MAX_TRIALS", "BAGUA_AUTOTUNE_MAX_SECONDS"]
+             "BAGUA_AUTOTUNE_WINDOW_STEPS", "BAGUA_AUTOTUNE_MAX_TRIALS", "BAGUA_AUTOTUNE_MAX_SECONDS",
+             "BAGUA_ALGORITHM"]
     env = environment(**{name: "" for name in names})  # empty means unset
     assert (env.log_level, env.comm_timeout_s, env.default_bucket_size) == ("warn", 300.0, 10 * 1024 * 1024)
     assert (env.backend, env.check_collectives, env.autotune) == ("gloo", True, False)
@@ -212,15 +213,16 @@ def test_env_defaults(environment):
     assert env.autotune_output == "bagua_autotune.json"
     assert (env.autotune_warmup_steps, env.autotune_window_steps, env.autotune_max_trials,
             env.autotune_max_seconds) == (10, 10, 10, 300)
+    assert env.algorithm == ""
 
 
 def test_env_parses_typed_values(environment):
     env = environment(BAGUA_COMM_TIMEOUT_S="2.5", BAGUA_DEFAULT_BUCKET_SIZE="2000", BAGUA_BACKEND="NCCL",
                       BAGUA_CHECK_COLLECTIVES="false", BAGUA_AUTOTUNE="1", BAGUA_TIMELINE="/tmp/t",
-                      BAGUA_LOG_LEVEL="Info", BAGUA_AUTOTUNE_MAX_TRIALS="4")
+                      BAGUA_LOG_LEVEL="Info", BAGUA_AUTOTUNE_MAX_TRIALS="4", BAGUA_ALGORITHM="PowerSGD_8bit")
     assert (env.comm_timeout_s, env.default_bucket_size, env.backend) == (2.5, 2000, "nccl")
     assert (env.check_collectives, env.autotune, env.timeline) == (False, True, "/tmp/t")
-    assert (env.log_level, env.autotune_max_trials) == ("info", 4)
+    assert (env.log_level, env.autotune_max_trials, env.algorithm) == ("info", 4, "powersgd_8bit")
     assert bagua_core.env().comm_timeout_s == 2.5  # cached: the same reading until reloaded
 
 
@@ -228,7 +230,7 @@ def test_env_parses_typed_values(environment):
     ("BAGUA_COMM_TIMEOUT_S", "0"), ("BAGUA_COMM_TIMEOUT_S", "-1"), ("BAGUA_COMM_TIMEOUT_S", "soon"),
     ("BAGUA_DEFAULT_BUCKET_SIZE", "0"), ("BAGUA_DEFAULT_BUCKET_SIZE", "1e6"),
     ("BAGUA_BACKEND", "mpi"), ("BAGUA_CHECK_COLLECTIVES", "maybe"), ("BAGUA_AUTOTUNE", "2"),
-    ("BAGUA_LOG_LEVEL", "loud"), ("BAGUA_AUTOTUNE_WARMUP_STEPS", "-3")])
+    ("BAGUA_LOG_LEVEL", "loud"), ("BAGUA_AUTOTUNE_WARMUP_STEPS", "-3"), ("BAGUA_ALGORITHM", "fastest")])
 def test_env_rejects_invalid_values_naming_variable_and_value(environment, name, value):
     before = bagua_core.env()
     with pytest.raises(bagua_core.InvalidArgumentError, match=f"{name}='{value}'"):
