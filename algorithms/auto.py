@@ -35,11 +35,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 import bagua.torch_api as bagua
-from bagua.torch_api._core import core, log
+from bagua.torch_api._core import core, log, tensor_view
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_choice, check_integer
 from bagua.torch_api.algorithms.bytegrad import ByteGradAlgorithm
 from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
-from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm, compresses, orthogonalize
+from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm, compresses
 from bagua.torch_api.communication import calls_known_to_match
 from bagua.torch_api import InvalidArgumentError
 
@@ -171,17 +171,16 @@ def time_powersgd_math(params: Sequence[torch.Tensor], rank: int, repeats: int =
     matrices = [p for p in params if compresses(p.shape, rank, 2.0)]
     if not matrices:
         return 0.0
-    work = [(torch.randn(p.shape[0], p.numel() // p.shape[0], dtype=p.dtype, device=p.device),
-             torch.randn(p.numel() // p.shape[0], rank, dtype=p.dtype, device=p.device)) for p in matrices]
+    work = []
+    for p in matrices:
+        rows, cols = p.shape[0], p.numel() // p.shape[0]
+        work.append([torch.randn(rows, cols, dtype=p.dtype, device=p.device) for _ in range(2)] +
+                    [torch.randn(cols, rank, dtype=p.dtype, device=p.device),
+                     torch.empty(rows, rank, dtype=p.dtype, device=p.device), rows, cols])
 
-    def once() -> None:
-        for m, q in work:
-            p = orthogonalize(m @ q)
-            q = m.t() @ p
-            error = m - p @ q.t()
-            del error
-        if matrices[0].is_cuda:
-            torch.cuda.synchronize(matrices[0].device)
+    def once() -> None:  # the op's own steps (include/bagua/ops/low_rank_steps.h)
+        for m, error, q, p, rows, cols in work:
+            core.low_rank_step(*(tensor_view(t, allow_cuda=True) for t in (m, error, q, p)), rows, cols, rank)
 
     once()
     best = float("inf")

@@ -41,7 +41,6 @@ import torch
 
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags, check_integer
 from bagua.torch_api import InvalidArgumentError
-from bagua.torch_api.communication import allreduce_inplace, low_precision_average_inplace
 
 __all__ = ["PowerSGDAlgorithm", "PowerSGDAlgorithmImpl", "initial_q", "orthogonalize", "compresses"]
 
@@ -96,11 +95,15 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
         self.warm_start = warm_start
         self.epsilon = orthogonalization_epsilon
         self.seed = seed
-        self._q: Dict[str, torch.Tensor] = {}       # per tensor name, m x r
-        self._error: Dict[str, torch.Tensor] = {}   # per tensor name, n x m
+        # The state the ops update in place, per tensor name (checkpoints
+        # save it): Q (m x r) and the error (n x m).
+        self._q: Dict[str, torch.Tensor] = {}
+        self._error: Dict[str, torch.Tensor] = {}
         self._q_draws: Dict[str, int] = {}          # without warm start: fresh Q per step
-        self.bytes_sent = 0      # per rank, since wrapping: what the allreduces carried
-        self.bytes_uncompressed = 0  # what plain averaging would have carried
+        self._ops: Dict[str, object] = {}           # per bucket name, the latest op
+        self._retired_bytes = [0, 0]                # the counts of ops replaced since
+        self._q_used = False                        # a compressed step ran with the current Q
+        self._rebuild = False                       # a checkpoint brought state of other shapes
 
     def tensors_to_buckets(self, tensors, do_flatten: bool):
         if self.one_bucket:  # one bucket per dtype and device, in the planner's order
@@ -111,108 +114,93 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
             tensors = list(kinds.values())
         return super().tensors_to_buckets(tensors, do_flatten)
 
+    def need_reset(self) -> bool:
+        rebuild, self._rebuild = self._rebuild, False
+        return rebuild
+
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
-        communicator = self.process_group.get_bucket_communicator()
-        bucket.append_python_op(lambda name: self._average_bucket(bagua_ddp, bucket, communicator),
-                                group=self.process_group)
+        matrices = []
+        for index, t in enumerate(bucket.tensors):
+            grad = t.bagua_registered_tensor()
+            if not compresses(grad.shape, self.rank, self.min_compression_rate):
+                continue
+            m = grad.view(grad.shape[0], -1)
+            error = self._state(self._error, t.bagua_tensor_name, m) if self.error_feedback else None
+            matrices.append((index, self._q_for(t.bagua_tensor_name, m), error))
+        op = bucket.append_powersgd_op(matrices, rank=self.rank, low_precision=self.low_precision,
+                                       orthogonalization_epsilon=self.epsilon, group=self.process_group)
+        old = self._ops.get(bucket.name)
+        if old is not None:
+            self._retired_bytes[0] += old.exchanged_bytes
+            self._retired_bytes[1] += old.uncompressed_bytes
+        self._ops[bucket.name] = op
+        op.compressing = bagua_ddp.step_counter > self.start_iter
 
-    # -- one bucket, one step --------------------------------------------------
-    def _average_bucket(self, bagua_ddp, bucket, communicator) -> None:
-        tensors = [(t.bagua_tensor_name, t.bagua_registered_tensor()) for t in bucket.tensors]
-        with torch.no_grad():
-            if bagua_ddp.step_counter <= self.start_iter:
-                vectors, matrices = [g for _, g in tensors], []
-            else:
-                matrices = [(n, g) for n, g in tensors if compresses(g.shape, self.rank, self.min_compression_rate)]
-                vectors = [g for n, g in tensors if not compresses(g.shape, self.rank, self.min_compression_rate)]
-            self._average(vectors, matrices, communicator)
+    def init_forward_pre_hook(self, bagua_ddp):
+        def hook(inputs):
+            compressing = bagua_ddp.step_counter > self.start_iter
+            if compressing and not self.warm_start:
+                if self._q_used:  # a fresh Q for every step after the first
+                    for name, q in self._q.items():
+                        q.copy_(self._draw_q(name, q.shape[0], q.dtype, q.device))
+                self._q_used = True
+            for op in self._ops.values():
+                op.compressing = compressing
+        return hook
 
-    def _allreduce(self, flat: torch.Tensor, communicator, eight_bit: bool) -> float:
-        """Sums ``flat`` over ranks, or averages it with 8-bit codes on the
-        wire; returns what to divide the result by to get the average."""
-        if eight_bit:
-            low_precision_average_inplace(flat, comm=communicator)
-            # one code byte per element, and a min/max header per chunk and rank
-            self.bytes_sent += flat.numel() + 8 * communicator.size
-            return 1
-        allreduce_inplace(flat, comm=communicator)
-        self.bytes_sent += flat.numel() * flat.element_size()
-        return communicator.size
-
-    def _average(self, vectors: List[torch.Tensor], matrices, communicator) -> None:
-        """Averages `vectors` uncompressed and `matrices` ((name, gradient)
-        pairs) through their factors. The vectors travel in the allreduce of
-        the P factors: two allreduces per bucket in all."""
-        ms = [self._with_error(name, grad) for name, grad in matrices]
-        qs = [self._q_for(name, m) for (name, _), m in zip(matrices, ms)]
-        plain = sum(g.numel() for g in vectors)
-        first = torch.cat([g.reshape(-1) for g in vectors] + [(m @ q).reshape(-1) for m, q in zip(ms, qs)])
-        # 8 bits only where factors travel: the first start_iter steps, and
-        # buckets of vectors only, stay exact
-        eight_bit = self.low_precision and bool(matrices)
-        divisor = self._allreduce(first, communicator, eight_bit)
-        self.bytes_uncompressed += (plain + sum(m.numel() for m in ms)) * first.element_size()
-        offset = 0
-        for g in vectors:
-            g.copy_(first[offset:offset + g.numel()].view_as(g) / divisor)
-            offset += g.numel()
-        if not matrices:
-            return
-        # P = M Q summed over ranks; only its column space matters.
-        ps = []
-        for m in ms:
-            ps.append(orthogonalize(first[offset:offset + m.shape[0] * self.rank].view(m.shape[0], self.rank),
-                                    self.epsilon))
-            offset += m.shape[0] * self.rank
-        # Q = M^T P, averaged over ranks.
-        q_flat = torch.cat([(m.t() @ p).reshape(-1) for m, p in zip(ms, ps)])
-        q_flat /= self._allreduce(q_flat, communicator, eight_bit)
-        offset = 0
-        for (name, _), m, p, q in zip(matrices, ms, ps, qs):
-            q.copy_(q_flat[offset:offset + q.numel()].view_as(q))
-            offset += q.numel()
-            # m is the gradient's own memory: the error first, then the
-            # approximation over m (no n x m temporaries)
-            if self.error_feedback:
-                torch.addmm(m, p, q.t(), alpha=-1, out=self._error[name])
-            torch.mm(p, q.t(), out=m)
-
-    def _with_error(self, name: str, grad: torch.Tensor) -> torch.Tensor:
-        """The gradient as an n x m matrix viewing its memory (a bucket's
-        tensors are contiguous), plus, in place, what compression lost last
-        step when error feedback is on."""
-        m = grad.view(grad.shape[0], -1)
-        if not self.error_feedback:
-            return m
-        error = self._error.get(name)
-        if error is None or error.shape != m.shape:
-            error = self._error[name] = torch.zeros_like(m)
-        return m.add_(error)
+    def _state(self, states: Dict[str, torch.Tensor], name: str, m: torch.Tensor) -> torch.Tensor:
+        """The error of tensor ``name``: kept if its shape still fits, else zeros."""
+        state = states.get(name)
+        if state is None or state.shape != m.shape or state.dtype != m.dtype or state.device != m.device:
+            state = states[name] = torch.zeros_like(m)
+        return state
 
     def _q_for(self, name: str, m: torch.Tensor) -> torch.Tensor:
-        """The Q to multiply M by: the last step's (warm start) or a fresh
-        draw, the same on every rank."""
+        """The Q of tensor ``name``: the one kept (warm start, checkpoints) if
+        its shape fits, else the first draw, the same on every rank."""
         q = self._q.get(name)
-        if q is not None and q.shape == (m.shape[1], self.rank) and self.warm_start:
-            return q
+        if q is None or q.shape != (m.shape[1], self.rank) or q.dtype != m.dtype or q.device != m.device:
+            q = self._q[name] = self._draw_q(name, m.shape[1], m.dtype, m.device)
+        return q
+
+    def _draw_q(self, name: str, columns: int, dtype, device) -> torch.Tensor:
         draw = self._q_draws.get(name, 0)
         self._q_draws[name] = draw + 1
-        q = initial_q(name if draw == 0 else f"{name}#{draw}", m.shape[1], self.rank, self.seed, m.dtype, m.device)
-        self._q[name] = q
-        return q
+        return initial_q(name if draw == 0 else f"{name}#{draw}", columns, self.rank, self.seed, dtype, device)
 
     # -- checkpoints -----------------------------------------------------------
     def state_dict(self, bagua_ddp) -> dict:
-        return {"q": {k: v.cpu() for k, v in self._q.items()},
-                "error": {k: v.cpu() for k, v in self._error.items()},
+        return {"q": {k: v.cpu().clone() for k, v in self._q.items()},
+                "error": {k: v.cpu().clone() for k, v in self._error.items()},
                 "q_draws": dict(self._q_draws)}
 
     def load_state_dict(self, bagua_ddp, state: dict) -> None:
-        device = next((p.device for p in bagua_ddp.module.parameters()), torch.device("cpu"))
-        self._q = {k: v.to(device) for k, v in state.get("q", {}).items()}
-        self._error = {k: v.to(device) for k, v in state.get("error", {}).items()}
+        """Copies into the tensors the ops update where shapes agree (the ops
+        keep them); other shapes take effect after a rebuild of the ops."""
+        device = next((p.device for p in bagua_ddp.module.parameters()), torch.device("cpu")) \
+            if bagua_ddp is not None else torch.device("cpu")
+        for key, states in (("q", self._q), ("error", self._error)):
+            for name, value in state.get(key, {}).items():
+                current = states.get(name)
+                if current is not None and current.shape == value.shape:
+                    current.copy_(value)
+                else:
+                    states[name] = value.to(device)
+                    self._rebuild = True
         self._q_draws = dict(state.get("q_draws", {}))
+
+    # -- figures ---------------------------------------------------------------
+    @property
+    def bytes_sent(self) -> int:
+        """Per rank, since wrapping: what the exchanges were handed (8-bit
+        codes and their headers with low_precision)."""
+        return self._retired_bytes[0] + sum(op.exchanged_bytes for op in self._ops.values())
+
+    @property
+    def bytes_uncompressed(self) -> int:
+        """What plain averaging would have sent over the same steps."""
+        return self._retired_bytes[1] + sum(op.uncompressed_bytes for op in self._ops.values())
 
     def compression_ratio(self) -> float:
         """Bytes plain averaging would have sent over bytes sent, since wrapping."""

@@ -63,4 +63,26 @@ const char* async_average_drift(const void* sum, const void* snapshot, std::int6
 const char* ring_diff(const void* x, const void* w, const void* l, const void* r, float* diff,
                       std::int64_t numel, int dtype, void* stream) noexcept;
 
+// ---- Low-rank compression (low_rank_kernels.cu, bagua/ops/low_rank_steps.h):
+// M rows x cols, P rows x rank, Q cols x rank, row-major, floating dtypes ----
+
+// M += error (error may be null), then P = M Q.
+const char* low_rank_project(void* m, const void* error, const void* q, void* p, std::int64_t rows,
+                             std::int64_t cols, std::int64_t rank, int dtype, void* stream) noexcept;
+
+// Q = M^T P, summed in `accumulator` (cols x rank of float, double for
+// float64, zeroed by the caller).
+const char* low_rank_project_back(const void* m, const void* p, void* accumulator, void* q,
+                                  std::int64_t rows, std::int64_t cols, std::int64_t rank,
+                                  int dtype, void* stream) noexcept;
+
+// A = P Q^T, error = M - A (error may be null), M = A.
+const char* low_rank_reconstruct(void* m, void* error, const void* p, const void* q,
+                                 std::int64_t rows, std::int64_t cols, std::int64_t rank, int dtype,
+                                 void* stream) noexcept;
+
+// Gram-Schmidt on P's columns, in place.
+const char* orthogonalize_columns(void* p, std::int64_t rows, std::int64_t rank, double epsilon,
+                                  int dtype, void* stream) noexcept;
+
 }  // namespace bagua::kernels

@@ -21,6 +21,7 @@
 #include "bagua/ops/decentralized_synchronous.h"
 #include "bagua/ops/op_steps.h"
 #include "bagua/ops/peer_selection.h"
+#include "bagua/ops/powersgd.h"
 #include "bagua/runtime/backend.h"
 #include "bagua/runtime/bucket.h"
 #include "bagua/runtime/comm_op.h"

@@ -1,6 +1,7 @@
 // The ops' kernel wrappers of bagua/ops/op_steps.h in a build without CUDA:
 // an InvalidArgument saying why (CPU buckets never reach them).
 #include "bagua/core/errors.h"
+#include "bagua/ops/low_rank_steps.h"
 #include "bagua/ops/op_steps.h"
 
 namespace bagua {
@@ -27,6 +28,28 @@ void cuda_low_precision_ring_diff(const TensorView& x, const TensorView& /*w*/,
                                   const TensorView& /*l*/, const TensorView& /*r*/,
                                   const TensorView& /*diff*/, void* /*stream*/) {
   no_cuda(x);
+}
+
+void cuda_low_rank_project(LowRankShape /*s*/, const TensorView& m, const TensorView& /*error*/,
+                           const TensorView& /*q*/, const TensorView& /*p*/, void* /*stream*/) {
+  no_cuda(m);
+}
+
+void cuda_low_rank_project_back(LowRankShape /*s*/, const TensorView& m, const TensorView& /*p*/,
+                                const TensorView& /*accumulator*/, const TensorView& /*q*/,
+                                void* /*stream*/) {
+  no_cuda(m);
+}
+
+void cuda_low_rank_reconstruct(LowRankShape /*s*/, const TensorView& m,
+                               const TensorView& /*error*/, const TensorView& /*p*/,
+                               const TensorView& /*q*/, void* /*stream*/) {
+  no_cuda(m);
+}
+
+void cuda_orthogonalize_columns(LowRankShape /*s*/, const TensorView& p, double /*epsilon*/,
+                                void* /*stream*/) {
+  no_cuda(p);
 }
 
 }  // namespace bagua

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -176,6 +177,24 @@ std::shared_ptr<AsyncModelAverageOp> append_asynchronous_model_average(
   return op;
 }
 
+// matrices: (index in the bucket, rows, cols, q, error) per compressed tensor.
+std::shared_ptr<PowerSGDOp> append_powersgd(
+    Bucket& b, CommPtr comm,
+    const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, TensorView, TensorView>>&
+        matrices,
+    const PowerSGDOptions& options) {
+  BAGUA_CHECK_ARG(comm != nullptr, "append_powersgd_op: no communicator");
+  require_comm_supports(b, *comm, "append_powersgd_op");
+  std::vector<LowRankTensor> list;
+  list.reserve(matrices.size());
+  for (const auto& [index, rows, cols, q, error] : matrices) {
+    list.push_back({.index = index, .rows = rows, .cols = cols, .q = q, .error = error});
+  }
+  auto op = std::make_shared<PowerSGDOp>(std::move(comm), b, std::move(list), options);
+  b.append_op(op);
+  return op;
+}
+
 // A Python callable run on the communication thread.
 std::function<void(const std::string&)> python_callback(py::function fn) {
   auto held = gil_safe(py::object(std::move(fn)));
@@ -235,7 +254,62 @@ void bind_bucket_ops(BucketClass& c) {
            py::arg("communicator"), py::arg("hierarchy"), py::arg("peer_weight"),
            py::arg("options") = DecentralizedSynchronousOptions{})
       .def("append_asynchronous_model_average_op", &append_asynchronous_model_average,
-           py::arg("communicator"), py::arg("options") = AsyncModelAverageOptions{});
+           py::arg("communicator"), py::arg("options") = AsyncModelAverageOptions{})
+      .def("append_powersgd_op", &append_powersgd, py::arg("communicator"), py::arg("matrices"),
+           py::arg("options") = PowerSGDOptions{});
+}
+
+// PowerSGD's math on one matrix without communication (the step at world
+// size 1): M += error, P = M Q, orthogonalize P, Q = M^T P, error = M - P Q^T,
+// M = P Q^T. For tests against the formulas and for timing the math.
+void low_rank_step(const TensorView& m, const TensorView& error, const TensorView& q,
+                   const TensorView& p, std::int64_t rows, std::int64_t cols, std::int64_t rank,
+                   double epsilon) {
+  const LowRankShape s{rows, cols, rank};
+  for (const auto* v : {&error, &q, &p}) {
+    BAGUA_CHECK_ARG(v->numel == 0 || (v->dtype == m.dtype && v->device == m.device),
+                    "low_rank_step: {} does not match m {}", v->describe(), m.describe());
+  }
+  BAGUA_CHECK_ARG(rows >= 1 && cols >= 1 && rank >= 1 && m.numel == rows * cols &&
+                      q.numel == cols * rank && p.numel == rows * rank &&
+                      (error.numel == 0 || error.numel == m.numel),
+                  "low_rank_step: m {} (q {}, p {}) is not {} x {} at rank {}", m.describe(),
+                  q.describe(), p.describe(), rows, cols, rank);
+  auto c = compute_for(m.device);
+  low_rank_project(*c, s, m, error, q, p);
+  orthogonalize_columns(*c, s, p, epsilon);
+  low_rank_project_back(*c, s, m, p, q);
+  low_rank_reconstruct(*c, s, m, error, p, q);
+  c->finish("low_rank_step", env().comm_timeout);
+}
+
+void bind_powersgd(py::module_& m) {
+  using O = PowerSGDOptions;
+  py::class_<O>(m, "PowerSGDOptions")
+      .def(py::init([](std::int64_t rank, double epsilon, bool low_precision) {
+             return O{.rank = rank,
+                      .orthogonalization_epsilon = epsilon,
+                      .low_precision = low_precision};
+           }),
+           py::kw_only(), py::arg("rank") = O{}.rank,
+           py::arg("orthogonalization_epsilon") = O{}.orthogonalization_epsilon,
+           py::arg("low_precision") = O{}.low_precision)
+      .def_readwrite("rank", &O::rank)
+      .def_readwrite("orthogonalization_epsilon", &O::orthogonalization_epsilon)
+      .def_readwrite("low_precision", &O::low_precision)
+      .def("__repr__", [](const O& o) {
+        return "PowerSGDOptions(rank=" + std::to_string(o.rank) +
+               ", orthogonalization_epsilon=" + std::to_string(o.orthogonalization_epsilon) +
+               ", low_precision=" + flag(o.low_precision) + ")";
+      });
+  py::class_<PowerSGDOp, CommOp, std::shared_ptr<PowerSGDOp>>(m, "PowerSGDOp")
+      .def_property("compressing", &PowerSGDOp::compressing, &PowerSGDOp::set_compressing)
+      .def_property_readonly("exchanged_bytes", &PowerSGDOp::exchanged_bytes)
+      .def_property_readonly("uncompressed_bytes", &PowerSGDOp::uncompressed_bytes);
+  m.def("low_rank_step", &low_rank_step, py::arg("m"), py::arg("error"), py::arg("q"), py::arg("p"),
+        py::arg("rows"), py::arg("cols"), py::arg("rank"), py::arg("epsilon") = 0.0, ReleaseGil(),
+        "PowerSGD's math on one rows x cols matrix at world size 1, in place (m, error, q; p is "
+        "scratch; error may have no elements)");
 }
 
 // Error feedback's residuals, for checkpoints (see centralized_low_precision.h).
@@ -330,6 +404,7 @@ void bind_ops(py::module_& m) {
       .def_property_readonly("name", [](const CommOp& op) { return std::string(op.name()); })
       .def_property_readonly("bytes_sent", &CommOp::bytes_sent);
   bind_low_precision_handle(m);
+  bind_powersgd(m);
   bind_decentralized_handle(m);
   bind_async_handle(m);
 

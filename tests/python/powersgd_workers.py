@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import bagua.torch_api as bagua
+import bagua_core
+from bagua.torch_api._core import tensor_view
 from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm
 
 import minmax_reference as ref
@@ -115,20 +117,35 @@ def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", w
 
 
 def scenario_exchange(out_dir, low_precision):
-    """One exchange of the algorithm's averaging on the exchange inputs,
-    and the reference computed in this same process (same torch, so the
-    same float32 products)."""
+    """One compressed exchange of the C++ op on the exchange inputs (one flat
+    bucket: the vector, then the matrices), and the reference computed in
+    this same process."""
     bagua.init_process_group()
     rank, world = bagua.get_rank(), bagua.get_world_size()
-    impl = PowerSGDAlgorithm(rank=EXCHANGE_RANK, error_feedback=False,
-                             low_precision=low_precision == "1").reify(None)
-    impl._q = exchange_q()
     vector, matrices = exchange_inputs(rank)
+    names = ["v"] + list(matrices)
+    flat = torch.cat([vector] + [m.reshape(-1) for m in matrices.values()])
+    tensors, offset = [], 0
+    for t in [vector] + list(matrices.values()):
+        tensors.append(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+    q = exchange_q()
     comm = bagua.communication._get_default_group().get_global_communicator()
-    impl._average([vector], list(matrices.items()), comm)
+    bucket = bagua_core.Bucket("b0", [(n, tensor_view(t)) for n, t in zip(names, tensors)])
+    no_error = bagua_core.TensorView(0, 0, "float32", "cpu")
+    op = bucket.append_powersgd_op(
+        comm.new_bucket_group(list(range(world))),
+        [(i + 1, *EXCHANGE_SHAPES[n], tensor_view(q[n]), no_error) for i, n in enumerate(matrices)],
+        bagua_core.PowerSGDOptions(rank=EXCHANGE_RANK, low_precision=low_precision == "1"))
+    op.compressing = True
+    backend = bagua_core.Backend(rank, 30.0)
+    backend.register_ordered_buckets([bucket])
+    for n in names:
+        backend.mark_communication_ready(n)
+    backend.wait_pending_comm_ops()
     expected = reference_exchange(world, low_precision == "1")
-    torch.save({"vector": vector, "grads": matrices, "q": impl._q, "expected": expected,
-                "bytes_sent": impl.bytes_sent}, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.save({"vector": tensors[0], "grads": dict(zip(matrices, tensors[1:])), "q": q, "expected": expected,
+                "bytes_sent": op.exchanged_bytes}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 def lp_average_input(rank, numel=1001):

@@ -49,6 +49,67 @@ def test_bad_arguments_are_clear_errors(bad):
         PowerSGDAlgorithm(**bad)
 
 
+def low_rank_step_reference(m, error, q, epsilon=0.0):
+    """One PowerSGD step at world size 1 from the formulas, in float64."""
+    m = m.double() + (error.double() if error is not None else 0)
+    p = orthogonalize(m @ q.double(), epsilon)
+    q = m.t() @ p
+    approximation = p @ q.t()
+    return approximation, m - approximation, q
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-12),
+                                             (torch.bfloat16, 0.05)])
+@pytest.mark.parametrize("rows,cols,rank,with_error", [(37, 23, 1, True), (5, 300, 3, True), (64, 9, 6, False),
+                                                       (1, 17, 2, True)])
+def test_low_rank_step_matches_the_formulas(dtype, tolerance, rows, cols, rank, with_error):
+    """The C++ op's matrix steps (project, Gram-Schmidt, project back,
+    reconstruct with the new error) against torch in float64."""
+    import bagua_core
+    from bagua.torch_api._core import tensor_view
+    g = torch.Generator().manual_seed(rows * cols + rank)
+    m, error = torch.randn(rows, cols, generator=g), torch.randn(rows, cols, generator=g)
+    q = torch.randn(cols, rank, generator=g)
+    m, error, q = m.to(dtype), error.to(dtype), q.to(dtype)
+    expected = low_rank_step_reference(m, error if with_error else None, q)
+    work = error if with_error else torch.empty(0, dtype=dtype)
+    p = torch.empty(rows, rank, dtype=dtype)  # held: a view does not keep its tensor alive
+    bagua_core.low_rank_step(tensor_view(m), tensor_view(work), tensor_view(q), tensor_view(p), rows, cols, rank)
+    scale = max(1.0, expected[0].abs().max().item())
+    torch.testing.assert_close(m.double(), expected[0], rtol=tolerance, atol=tolerance * scale)
+    torch.testing.assert_close(q.double(), expected[2], rtol=tolerance, atol=tolerance * scale)
+    if with_error:
+        torch.testing.assert_close(error.double(), expected[1], rtol=tolerance, atol=tolerance * scale)
+
+
+def test_low_rank_step_rejects_mismatched_or_integer_operands():
+    import bagua_core
+    from bagua.torch_api._core import tensor_view
+    m, q, p = torch.zeros(4, 5), torch.zeros(5, 2), torch.zeros(4, 2)
+    with pytest.raises(bagua_core.InvalidArgumentError, match="is not 4 x 6"):
+        bagua_core.low_rank_step(tensor_view(m), tensor_view(m), tensor_view(q), tensor_view(p), 4, 6, 2)
+    with pytest.raises(bagua_core.InvalidArgumentError, match="does not match"):
+        bagua_core.low_rank_step(tensor_view(m), tensor_view(m.double()), tensor_view(q), tensor_view(p), 4, 5, 2)
+    ints = [t.int() for t in (m, m, q, p)]
+    with pytest.raises(bagua_core.InvalidArgumentError, match="floating point"):
+        bagua_core.low_rank_step(*(tensor_view(t) for t in ints), 4, 5, 2)
+
+
+def test_powersgd_op_rejects_state_of_the_wrong_shape_or_dtype():
+    import bagua_core
+    from bagua.torch_api._core import tensor_view
+    grad = torch.zeros(6, 4)
+    bucket = bagua_core.Bucket("b", [("w", tensor_view(grad))])
+    comm = bagua_core.gloo_communicator(bagua_core._testing.hash_store(), 0, 1, prefix="powersgd-state")
+    no_error = bagua_core.TensorView(0, 0, "float32", "cpu")
+    from bagua_core import PowerSGDOptions
+    for q, message in ((torch.zeros(4, 3), "q of 'w' must be 4 x 2"), (torch.zeros(4, 2).double(), "q of 'w'")):
+        with pytest.raises(bagua_core.InvalidArgumentError, match=message):
+            bucket.append_powersgd_op(comm, [(0, 6, 4, tensor_view(q), no_error)], PowerSGDOptions(rank=2))
+    with pytest.raises(bagua_core.InvalidArgumentError, match="is not 5 x 4"):
+        bucket.append_powersgd_op(comm, [(0, 5, 4, tensor_view(torch.zeros(4, 2)), no_error)], PowerSGDOptions(rank=2))
+
+
 def reference_training(world_size, names, rank_r, start_iter, error_feedback, warm_start, steps=5):
     """The same training in one process: each rank's gradient from its own
     data, averaged by the PowerSGD formulas (plain average for the first
@@ -124,12 +185,12 @@ def test_training_matches_the_reference(tmp_path, world_size, rank_r, start_iter
 @pytest.mark.parametrize("world_size", [2, 3, 5])
 @pytest.mark.parametrize("low_precision", [False, True])
 def test_exchange_matches_the_reference(tmp_path, world_size, low_precision):
-    """One averaging step on integer inputs: the 8-bit exchange equals the
-    formulas bit for bit (the quantized values are exact), and differs from
-    the full precision one, which equals them to float rounding."""
+    """One averaging step of the C++ op on integer inputs equals the formulas
+    computed with torch to float rounding (its sums run in another order),
+    8-bit or not; the 8-bit one differs from the full precision one."""
     results = run_workers("exchange", world_size, tmp_path / str(low_precision), script=WORKERS,
                           args=("1" if low_precision else "0",))
-    tolerance = dict(rtol=0, atol=0) if low_precision else dict(rtol=1e-5, atol=1e-5)
+    tolerance = dict(rtol=1e-5, atol=1e-5)
     for rank, result in enumerate(results):
         vector, grads, qs = result["expected"]
         torch.testing.assert_close(result["vector"], vector, **tolerance)

@@ -10,7 +10,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from bagua.torch_api._core import InvalidArgumentError, core, tensor_view
+from bagua.torch_api._core import InvalidArgumentError, core, device_name, dtype_name, tensor_view
 from bagua.torch_api.process_group import _get_default_group
 from bagua.torch_api.communication import calls_known_to_match
 from bagua.torch_api.tensor import BaguaTensor
@@ -186,6 +186,35 @@ class BaguaBucket:
         group = _group_or_default(group)
         return self.backend_bucket.append_asynchronous_model_average_op(
             group.new_dedicated_communicator(), options)
+
+    def append_powersgd_op(self, matrices, rank: int = 1, low_precision: bool = False,
+                           orthogonalization_epsilon: float = 0.0, group=None):
+        """PowerSGD's low-rank average of this bucket over the group (the C++
+        op of ``include/bagua/ops/powersgd.h``). ``matrices``: one
+        ``(index, q, error)`` per bucket tensor sent as factors, the tensor
+        seen as ``shape[0]`` rows; ``q`` (columns x ``rank``) and ``error``
+        (the tensor's size, or None without error feedback) are tensors of
+        the bucket's dtype and device that the op updates in place every
+        step, kept alive by the bucket. The other tensors are averaged
+        uncompressed. Returns the op, whose ``compressing`` property (off at
+        first) switches between plain and low-rank averaging."""
+        group = _group_or_default(group)
+        entries = []
+        for index, q, error in matrices:
+            grad = self.tensors[index].bagua_registered_tensor()
+            rows = grad.shape[0] if grad.dim() > 0 else 1
+            for what, state in (("q", q), ("error", error)):
+                if state is not None and (state.dtype != self.dtype or state.device != self.device):
+                    raise InvalidArgumentError(
+                        f"append_powersgd_op: {what} of tensor {index} must be {self.dtype} on {self.device}, "
+                        f"got {state.dtype} on {state.device}")
+            no_error = core.TensorView(0, 0, dtype_name(self.dtype), device_name(self.device))
+            entries.append((index, rows, grad.numel() // max(rows, 1), tensor_view(q, "q", allow_cuda=True),
+                            no_error if error is None else tensor_view(error, "error", allow_cuda=True)))
+            self._keep_alive.extend(s for s in (q, error) if s is not None)
+        return self.backend_bucket.append_powersgd_op(
+            group.get_bucket_communicator(), entries, core.PowerSGDOptions(
+                rank=rank, orthogonalization_epsilon=orthogonalization_epsilon, low_precision=low_precision))
 
     def _check_copy(self, what, tensor):
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != self.dtype or \

@@ -1,0 +1,208 @@
+// The matrix steps of low-rank gradient compression (PowerSGD,
+// ops/powersgd.h) on a Compute: host loops for CPU buckets, the kernels of
+// kernels/low_rank_kernels.cu for CUDA buckets (Compute::run_custom picks).
+//
+// A gradient is an n x m row-major matrix M; its factors are P (n x r) and
+// Q (m x r), row-major, of M's dtype; sums run in compute_type_t (float for
+// 16-bit types). The factors are thin (r is 1 to a few), so every step is
+// one pass over M at memory speed: a general GEMM library gains nothing here,
+// and PyTorch's CPU mm of a 2048 x 2048 matrix by a 2048 x 2 one took
+// 13-22 ms where this pass takes about 2 (docs/algorithms.md, PowerSGD).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "bagua/core/elementwise.h"
+#include "bagua/core/errors.h"
+#include "bagua/core/tensor_view.h"
+#include "bagua/runtime/compute.h"
+
+namespace bagua {
+
+// The shape of one compressed gradient: rows x cols, factors of `rank` columns.
+struct LowRankShape {
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t rank = 1;
+};
+
+// The kernels (CUDA buffers of one floating dtype, on `stream`; without CUDA
+// in the build they throw InvalidArgument, lib/ops/op_kernels_absent.cc).
+// `error` may have no elements (no error feedback).
+void cuda_low_rank_project(LowRankShape s, const TensorView& m, const TensorView& error,
+                           const TensorView& q, const TensorView& p, void* stream);
+void cuda_low_rank_project_back(LowRankShape s, const TensorView& m, const TensorView& p,
+                                const TensorView& accumulator, const TensorView& q, void* stream);
+void cuda_low_rank_reconstruct(LowRankShape s, const TensorView& m, const TensorView& error,
+                               const TensorView& p, const TensorView& q, void* stream);
+void cuda_orthogonalize_columns(LowRankShape s, const TensorView& p, double epsilon, void* stream);
+
+namespace low_rank_detail {
+
+// Calls fn(T{}) for a floating dtype; InvalidArgument naming `what` otherwise.
+template <typename Fn>
+void dispatch_floating(DType dtype, const char* what, Fn&& fn) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T> || is_half_type_v<T>) {
+      fn(tag);
+    } else {
+      throw InvalidArgument(fmt::format("{} needs a floating point tensor, got {}", what,
+                                        to_string(dtype)));
+    }
+  });
+}
+
+// Q (cols x rank) transposed into compute type: column k of Q is
+// qt[k * cols .. (k + 1) * cols), contiguous for the row loops.
+template <typename T>
+std::vector<compute_type_t<T>> transposed(const T* q, std::int64_t cols, std::int64_t rank) {
+  std::vector<compute_type_t<T>> qt(static_cast<std::size_t>(cols * rank));
+  for (std::int64_t j = 0; j < cols; ++j) {
+    for (std::int64_t k = 0; k < rank; ++k) qt[k * cols + j] = load(q[j * rank + k]);
+  }
+  return qt;
+}
+
+// sum of row[j] * column[j], in 8 independent partial sums so the compiler
+// vectorizes the loop without reassociating a single sum.
+template <typename T, typename C>
+C dot(const T* row, const C* column, std::int64_t n) {
+  constexpr int kLanes = 8;
+  C lanes[kLanes] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += load(row[j + l]) * column[j + l];
+  }
+  C total = 0;
+  for (; j < n; ++j) total += load(row[j]) * column[j];
+  for (int l = 0; l < kLanes; ++l) total += lanes[l];
+  return total;
+}
+
+}  // namespace low_rank_detail
+
+// M += error (when `error` has elements), then P = M Q.
+inline void low_rank_project(Compute& c, LowRankShape s, const TensorView& m,
+                             const TensorView& error, const TensorView& q, const TensorView& p) {
+  const auto on_host = [&] {
+    low_rank_detail::dispatch_floating(m.dtype, "low_rank_project", [&](auto tag) {
+      using T = decltype(tag);
+      const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+      T* out = p.data_as<T>();
+      for (std::int64_t i = 0; i < s.rows; ++i) {
+        T* row = m.data_as<T>() + i * s.cols;
+        if (error.numel > 0) {
+          const T* e = error.data_as<T>() + i * s.cols;
+          for (std::int64_t j = 0; j < s.cols; ++j) row[j] = store<T>(load(row[j]) + load(e[j]));
+        }
+        for (std::int64_t k = 0; k < s.rank; ++k) {
+          out[i * s.rank + k] = store<T>(low_rank_detail::dot(row, qt.data() + k * s.cols, s.cols));
+        }
+      }
+    });
+  };
+  c.run_custom(on_host, [&](void* stream) { cuda_low_rank_project(s, m, error, q, p, stream); });
+}
+
+// Q = M^T P.
+inline void low_rank_project_back(Compute& c, LowRankShape s, const TensorView& m,
+                                  const TensorView& p, const TensorView& q) {
+  if (c.device().type == DeviceType::kCUDA) {
+    // The kernel sums row slices with atomics into a compute-type buffer.
+    const DType acc = m.dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+    const auto block = c.scratch(static_cast<std::size_t>(s.cols * s.rank) * dtype_size(acc));
+    const TensorView accumulator = c.view(block, s.cols * s.rank, acc);
+    c.zero(accumulator.data, accumulator.nbytes());
+    c.run_custom([] {}, [&](void* stream) {
+      cuda_low_rank_project_back(s, m, p, accumulator, q, stream);
+    });
+    return;
+  }
+  low_rank_detail::dispatch_floating(m.dtype, "low_rank_project_back", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_type_t<T>;
+    std::vector<C> sums(static_cast<std::size_t>(s.cols * s.rank), C{0});
+    const T* factors = p.data_as<T>();
+    for (std::int64_t i = 0; i < s.rows; ++i) {
+      const T* row = m.data_as<T>() + i * s.cols;
+      for (std::int64_t k = 0; k < s.rank; ++k) {
+        const C weight = load(factors[i * s.rank + k]);
+        C* column = sums.data() + k * s.cols;
+        for (std::int64_t j = 0; j < s.cols; ++j) column[j] += weight * load(row[j]);
+      }
+    }
+    T* out = q.data_as<T>();
+    for (std::int64_t j = 0; j < s.cols; ++j) {
+      for (std::int64_t k = 0; k < s.rank; ++k) out[j * s.rank + k] = store<T>(sums[k * s.cols + j]);
+    }
+  });
+}
+
+// A = P Q^T; error = M - A (when `error` has elements); M = A.
+inline void low_rank_reconstruct(Compute& c, LowRankShape s, const TensorView& m,
+                                 const TensorView& error, const TensorView& p,
+                                 const TensorView& q) {
+  const auto on_host = [&] {
+    low_rank_detail::dispatch_floating(m.dtype, "low_rank_reconstruct", [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_type_t<T>;
+      const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+      std::vector<C> approx(static_cast<std::size_t>(s.cols));
+      const T* factors = p.data_as<T>();
+      for (std::int64_t i = 0; i < s.rows; ++i) {
+        std::fill(approx.begin(), approx.end(), C{0});
+        for (std::int64_t k = 0; k < s.rank; ++k) {
+          const C weight = load(factors[i * s.rank + k]);
+          const C* column = qt.data() + k * s.cols;
+          for (std::int64_t j = 0; j < s.cols; ++j) approx[j] += weight * column[j];
+        }
+        T* row = m.data_as<T>() + i * s.cols;
+        if (error.numel > 0) {
+          T* e = error.data_as<T>() + i * s.cols;
+          for (std::int64_t j = 0; j < s.cols; ++j) e[j] = store<T>(load(row[j]) - approx[j]);
+        }
+        for (std::int64_t j = 0; j < s.cols; ++j) row[j] = store<T>(approx[j]);
+      }
+    });
+  };
+  c.run_custom(on_host,
+               [&](void* stream) { cuda_low_rank_reconstruct(s, m, error, p, q, stream); });
+}
+
+// Gram-Schmidt on the columns of P (rows x rank), in place: each column is
+// divided by its norm plus `epsilon`, then removed from the later ones. A
+// column of zeros stays zero instead of turning into NaN.
+inline void orthogonalize_columns(Compute& c, LowRankShape s, const TensorView& p,
+                                  double epsilon) {
+  const auto on_host = [&] {
+    low_rank_detail::dispatch_floating(p.dtype, "orthogonalize_columns", [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_type_t<T>;
+      T* x = p.data_as<T>();
+      const std::int64_t r = s.rank;
+      for (std::int64_t i = 0; i < r; ++i) {
+        C squares = 0;
+        for (std::int64_t row = 0; row < s.rows; ++row) squares += load(x[row * r + i]) * load(x[row * r + i]);
+        const C norm = std::sqrt(squares);
+        if (norm > 0) {
+          const C divisor = norm + static_cast<C>(epsilon);
+          for (std::int64_t row = 0; row < s.rows; ++row) x[row * r + i] = store<T>(load(x[row * r + i]) / divisor);
+        }
+        for (std::int64_t later = i + 1; later < r; ++later) {
+          C overlap = 0;
+          for (std::int64_t row = 0; row < s.rows; ++row) overlap += load(x[row * r + i]) * load(x[row * r + later]);
+          for (std::int64_t row = 0; row < s.rows; ++row) {
+            x[row * r + later] = store<T>(load(x[row * r + later]) - overlap * load(x[row * r + i]));
+          }
+        }
+      }
+    });
+  };
+  c.run_custom(on_host, [&](void* stream) { cuda_orthogonalize_columns(s, p, epsilon, stream); });
+}
+
+}  // namespace bagua
