@@ -29,9 +29,11 @@ averages): about a quarter of the bytes again. They then average P instead
 of summing it, which changes nothing, since only P's column space is used;
 error feedback also absorbs what the 8 bits lose on the matrices.
 
-The math runs in PyTorch on the bucket's device, on the communication
-thread, in the bucket's turn (a Python op); the factors go through the
-engine's allreduce.
+Each bucket's averaging is the C++ op ``PowerSGDOp``
+(include/bagua/ops/powersgd.h): one pass over each gradient per matrix
+step, on the bucket's device, on the communication thread in the bucket's
+turn. Q and the error buffers are tensors this class owns (so checkpoints
+carry them) and the op updates in place.
 """
 
 import zlib

@@ -95,11 +95,19 @@ def main():
         dist.all_gather(accs, acc)
         result[name] = {"test_accuracy": [a.item() for a in accs],
                         "median_step_ms": statistics.median(times[name]) * 1e3}
+    # the compressed steps only, step by step: ours over the hook's
+    skip = max(2, args.start_iter)
+    ratios = sorted(o / h for o, h in zip(times["bagua_powersgd"][skip:], times["ddp_powersgd_hook"][skip:]))
+    result["ratio_after_start_iter"] = {"median": statistics.median(ratios),
+                                        "p10": ratios[len(ratios) // 10], "p90": ratios[len(ratios) * 9 // 10]}
     if rank == 0:
         for name in times:
             r = result[name]
             print(f"{name:20s} accuracy {', '.join(f'{a * 100:.2f}' for a in r['test_accuracy'])} %, "
                   f"median step {r['median_step_ms']:.2f} ms")
+        q = result["ratio_after_start_iter"]
+        print(f"ours / hook per compressed step (rank 0): median {q['median']:.3f} "
+              f"(p10 {q['p10']:.3f}, p90 {q['p90']:.3f})")
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))
             print(f"wrote {args.json}")

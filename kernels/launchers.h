@@ -68,7 +68,8 @@ const char* ring_diff(const void* x, const void* w, const void* l, const void* r
 
 // M += error (error may be null), then P = M Q.
 const char* low_rank_project(void* m, const void* error, const void* q, void* p, std::int64_t rows,
-                             std::int64_t cols, std::int64_t rank, int dtype, void* stream) noexcept;
+                             std::int64_t cols, std::int64_t rank, int dtype,
+                             void* stream) noexcept;
 
 // Q = M^T P, summed in `accumulator` (cols x rank of float, double for
 // float64, zeroed by the caller).

@@ -47,7 +47,8 @@ __global__ void project_kernel(T* m, const T* error, const T* q, T* p, std::int6
       C sums[kTile] = {};
       for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
         // the first pass adds the error; later passes re-read this thread's own writes
-        if (k0 == 0 && error != nullptr) row[j] = store<T>(load(row[j]) + load(error[i * cols + j]));
+        if (k0 == 0 && error != nullptr)
+          row[j] = store<T>(load(row[j]) + load(error[i * cols + j]));
         const C v = load(row[j]);
         for (int t = 0; t < kTile && k0 + t < rank; ++t) sums[t] += v * load(q[j * rank + k0 + t]);
       }
@@ -74,7 +75,8 @@ __global__ void project_back_kernel(const T* m, const T* p, compute_type_t<T>* a
         const C v = load(m[i * cols + j]);
         for (int t = 0; t < kTile && k0 + t < rank; ++t) sums[t] += v * load(p[i * rank + k0 + t]);
       }
-      for (int t = 0; t < kTile && k0 + t < rank; ++t) atomicAdd(&accumulator[j * rank + k0 + t], sums[t]);
+      for (int t = 0; t < kTile && k0 + t < rank; ++t)
+        atomicAdd(&accumulator[j * rank + k0 + t], sums[t]);
     }
   }
 }
@@ -143,12 +145,15 @@ const char* launch_for_floating(int dtype, const char* what, Launch&& launch) {
   return last_launch_error();
 }
 
-unsigned grid_for(std::int64_t count) { return count < 65535 ? static_cast<unsigned>(count) : 65535u; }
+unsigned grid_for(std::int64_t count) {
+  return count < 65535 ? static_cast<unsigned>(count) : 65535u;
+}
 
 }  // namespace
 
 const char* low_rank_project(void* m, const void* error, const void* q, void* p, std::int64_t rows,
-                             std::int64_t cols, std::int64_t rank, int dtype, void* stream) noexcept {
+                             std::int64_t cols, std::int64_t rank, int dtype,
+                             void* stream) noexcept {
   if (rows == 0) return nullptr;
   return launch_for_floating(dtype, "low_rank_project: not a floating dtype", [&](auto tag) {
     using T = decltype(tag);
@@ -169,9 +174,9 @@ const char* low_rank_project_back(const void* m, const void* p, void* accumulato
     const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
                     grid_for((rows + kSliceRows - 1) / kSliceRows));
     if (rows > 0) {
-      project_back_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(m),
-                                                       static_cast<const T*>(p),
-                                                       static_cast<C*>(accumulator), rows, cols, rank);
+      project_back_kernel<T>
+          <<<grid, kThreads, 0, s>>>(static_cast<const T*>(m), static_cast<const T*>(p),
+                                     static_cast<C*>(accumulator), rows, cols, rank);
     }
     store_kernel<T><<<blocks_for(cols * rank), kThreads, 0, s>>>(static_cast<const C*>(accumulator),
                                                                  static_cast<T*>(q), cols * rank);
@@ -184,9 +189,10 @@ const char* low_rank_reconstruct(void* m, void* error, const void* p, const void
   if (rows * cols == 0) return nullptr;
   return launch_for_floating(dtype, "low_rank_reconstruct: not a floating dtype", [&](auto tag) {
     using T = decltype(tag);
-    reconstruct_kernel<T><<<blocks_for(rows * cols), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<T*>(m), static_cast<T*>(error), static_cast<const T*>(p),
-        static_cast<const T*>(q), rows, cols, rank);
+    reconstruct_kernel<T>
+        <<<blocks_for(rows * cols), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<T*>(m), static_cast<T*>(error), static_cast<const T*>(p),
+            static_cast<const T*>(q), rows, cols, rank);
   });
 }
 

@@ -75,9 +75,10 @@ void* data_or_null(const TensorView& v) { return v.numel > 0 ? v.data : nullptr;
 void cuda_low_rank_project(LowRankShape s, const TensorView& m, const TensorView& error,
                            const TensorView& q, const TensorView& p, void* stream) {
   check_low_rank("cuda_low_rank_project", s, m, p, q, &error);
-  detail::check_launch(kernels::low_rank_project(m.data, data_or_null(error), q.data, p.data, s.rows,
-                                                 s.cols, s.rank, static_cast<int>(m.dtype), stream),
-                       "cuda_low_rank_project", m);
+  detail::check_launch(
+      kernels::low_rank_project(m.data, data_or_null(error), q.data, p.data, s.rows, s.cols, s.rank,
+                                static_cast<int>(m.dtype), stream),
+      "cuda_low_rank_project", m);
 }
 
 void cuda_low_rank_project_back(LowRankShape s, const TensorView& m, const TensorView& p,
@@ -97,10 +98,10 @@ void cuda_low_rank_project_back(LowRankShape s, const TensorView& m, const Tenso
 void cuda_low_rank_reconstruct(LowRankShape s, const TensorView& m, const TensorView& error,
                                const TensorView& p, const TensorView& q, void* stream) {
   check_low_rank("cuda_low_rank_reconstruct", s, m, p, q, &error);
-  detail::check_launch(kernels::low_rank_reconstruct(m.data, data_or_null(error), p.data, q.data,
-                                                     s.rows, s.cols, s.rank,
-                                                     static_cast<int>(m.dtype), stream),
-                       "cuda_low_rank_reconstruct", m);
+  detail::check_launch(
+      kernels::low_rank_reconstruct(m.data, data_or_null(error), p.data, q.data, s.rows, s.cols,
+                                    s.rank, static_cast<int>(m.dtype), stream),
+      "cuda_low_rank_reconstruct", m);
 }
 
 void cuda_orthogonalize_columns(LowRankShape s, const TensorView& p, double epsilon, void* stream) {

@@ -41,9 +41,8 @@ void cuda_low_rank_project_back(LowRankShape /*s*/, const TensorView& m, const T
   no_cuda(m);
 }
 
-void cuda_low_rank_reconstruct(LowRankShape /*s*/, const TensorView& m,
-                               const TensorView& /*error*/, const TensorView& /*p*/,
-                               const TensorView& /*q*/, void* /*stream*/) {
+void cuda_low_rank_reconstruct(LowRankShape /*s*/, const TensorView& m, const TensorView& /*error*/,
+                               const TensorView& /*p*/, const TensorView& /*q*/, void* /*stream*/) {
   no_cuda(m);
 }
 

@@ -27,10 +27,9 @@ PowerSGDOp::PowerSGDOp(std::shared_ptr<Communicator> comm, const Bucket& bucket,
                   bucket.name(), to_string(bucket.dtype()));
   std::vector<bool> compressed(tensors.size(), false);
   for (const auto& m : matrices_) {
-    BAGUA_CHECK_ARG(m.index >= 0 && m.index < static_cast<std::int64_t>(tensors.size()) &&
-                        !compressed[m.index],
-                    "powersgd: bucket '{}' has no tensor {} (or it is listed twice)",
-                    bucket.name(), m.index);
+    BAGUA_CHECK_ARG(
+        m.index >= 0 && m.index < static_cast<std::int64_t>(tensors.size()) && !compressed[m.index],
+        "powersgd: bucket '{}' has no tensor {} (or it is listed twice)", bucket.name(), m.index);
     const TensorView& grad = tensors[m.index].view;
     BAGUA_CHECK_ARG(m.rows > 0 && m.cols > 0 && m.rows * m.cols == grad.numel,
                     "powersgd: tensor '{}' ({}) is not {} x {}", tensors[m.index].name,
@@ -45,8 +44,8 @@ PowerSGDOp::PowerSGDOp(std::shared_ptr<Communicator> comm, const Bucket& bucket,
                     grad.device.str(), m.q.describe());
     BAGUA_CHECK_ARG(m.error.numel == 0 || state_fits(m.error, grad.numel),
                     "powersgd: error of '{}' must be {} x {} of {} on {}, got {}",
-                    tensors[m.index].name, m.rows, m.cols, to_string(grad.dtype),
-                    grad.device.str(), m.error.describe());
+                    tensors[m.index].name, m.rows, m.cols, to_string(grad.dtype), grad.device.str(),
+                    m.error.describe());
     compressed[m.index] = true;
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -112,7 +111,8 @@ void PowerSGDOp::average_compressed(Bucket& bucket) {
   offset = 0;
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     const auto& m = matrices_[k];
-    low_rank_project_back(c, shape_of(m), tensors[m.index].view, ps[k], qs.slice(offset, m.cols * r));
+    low_rank_project_back(c, shape_of(m), tensors[m.index].view, ps[k],
+                          qs.slice(offset, m.cols * r));
     offset += m.cols * r;
   }
   const std::int64_t q_divisor = exchange(qs);

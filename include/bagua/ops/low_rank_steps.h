@@ -50,8 +50,8 @@ void dispatch_floating(DType dtype, const char* what, Fn&& fn) {
     if constexpr (std::is_floating_point_v<T> || is_half_type_v<T>) {
       fn(tag);
     } else {
-      throw InvalidArgument(fmt::format("{} needs a floating point tensor, got {}", what,
-                                        to_string(dtype)));
+      throw InvalidArgument(
+          fmt::format("{} needs a floating point tensor, got {}", what, to_string(dtype)));
     }
   });
 }
@@ -117,9 +117,8 @@ inline void low_rank_project_back(Compute& c, LowRankShape s, const TensorView& 
     const auto block = c.scratch(static_cast<std::size_t>(s.cols * s.rank) * dtype_size(acc));
     const TensorView accumulator = c.view(block, s.cols * s.rank, acc);
     c.zero(accumulator.data, accumulator.nbytes());
-    c.run_custom([] {}, [&](void* stream) {
-      cuda_low_rank_project_back(s, m, p, accumulator, q, stream);
-    });
+    c.run_custom(
+        [] {}, [&](void* stream) { cuda_low_rank_project_back(s, m, p, accumulator, q, stream); });
     return;
   }
   low_rank_detail::dispatch_floating(m.dtype, "low_rank_project_back", [&](auto tag) {
@@ -137,7 +136,8 @@ inline void low_rank_project_back(Compute& c, LowRankShape s, const TensorView& 
     }
     T* out = q.data_as<T>();
     for (std::int64_t j = 0; j < s.cols; ++j) {
-      for (std::int64_t k = 0; k < s.rank; ++k) out[j * s.rank + k] = store<T>(sums[k * s.cols + j]);
+      for (std::int64_t k = 0; k < s.rank; ++k)
+        out[j * s.rank + k] = store<T>(sums[k * s.cols + j]);
     }
   });
 }
@@ -176,8 +176,7 @@ inline void low_rank_reconstruct(Compute& c, LowRankShape s, const TensorView& m
 // Gram-Schmidt on the columns of P (rows x rank), in place: each column is
 // divided by its norm plus `epsilon`, then removed from the later ones. A
 // column of zeros stays zero instead of turning into NaN.
-inline void orthogonalize_columns(Compute& c, LowRankShape s, const TensorView& p,
-                                  double epsilon) {
+inline void orthogonalize_columns(Compute& c, LowRankShape s, const TensorView& p, double epsilon) {
   const auto on_host = [&] {
     low_rank_detail::dispatch_floating(p.dtype, "orthogonalize_columns", [&](auto tag) {
       using T = decltype(tag);
@@ -186,17 +185,21 @@ inline void orthogonalize_columns(Compute& c, LowRankShape s, const TensorView& 
       const std::int64_t r = s.rank;
       for (std::int64_t i = 0; i < r; ++i) {
         C squares = 0;
-        for (std::int64_t row = 0; row < s.rows; ++row) squares += load(x[row * r + i]) * load(x[row * r + i]);
+        for (std::int64_t row = 0; row < s.rows; ++row)
+          squares += load(x[row * r + i]) * load(x[row * r + i]);
         const C norm = std::sqrt(squares);
         if (norm > 0) {
           const C divisor = norm + static_cast<C>(epsilon);
-          for (std::int64_t row = 0; row < s.rows; ++row) x[row * r + i] = store<T>(load(x[row * r + i]) / divisor);
+          for (std::int64_t row = 0; row < s.rows; ++row)
+            x[row * r + i] = store<T>(load(x[row * r + i]) / divisor);
         }
         for (std::int64_t later = i + 1; later < r; ++later) {
           C overlap = 0;
-          for (std::int64_t row = 0; row < s.rows; ++row) overlap += load(x[row * r + i]) * load(x[row * r + later]);
+          for (std::int64_t row = 0; row < s.rows; ++row)
+            overlap += load(x[row * r + i]) * load(x[row * r + later]);
           for (std::int64_t row = 0; row < s.rows; ++row) {
-            x[row * r + later] = store<T>(load(x[row * r + later]) - overlap * load(x[row * r + i]));
+            x[row * r + later] =
+                store<T>(load(x[row * r + later]) - overlap * load(x[row * r + i]));
           }
         }
       }
