@@ -140,13 +140,8 @@ std::int64_t PowerSGDOp::average_8bit(const TensorView& data) {
   // The 8-bit average runs on float32 host memory: other dtypes go through
   // a float32 copy, device buffers through pinned host memory.
   const bool on_host = data.device.type == DeviceType::kCPU;
-  CachingAllocator::Block work_block;
-  TensorView work = data;
-  if (data.dtype != DType::kFloat32) {
-    work_block = c.scratch(static_cast<std::size_t>(data.numel) * sizeof(float));
-    work = c.view(work_block, data.numel, DType::kFloat32);
-    c.convert(data, work);
-  }
+  const Float32Work work_copy = float32_work(c, data);
+  const TensorView& work = work_copy.view;
   CachingAllocator::Block host_block;
   TensorView host = work;
   if (!on_host) {
@@ -161,10 +156,10 @@ std::int64_t PowerSGDOp::average_8bit(const TensorView& data) {
   if (!on_host) {
     c.run_custom([] {}, [&](void* s) { cuda_copy_async(work.data, host.data, work.nbytes(), s); });
   }
-  if (work.data != data.data) c.convert(work, data);
+  if (work_copy.is_copy()) c.convert(work, data);
   if (!on_host) c.finish("powersgd: 8-bit staging from the host", env().comm_timeout);
   // one code byte per element, and a min/max header per chunk and rank
-  exchanged_bytes_ += data.numel + 8 * comm.size();
+  exchanged_bytes_ += data.numel + std::int64_t{8} * comm.size();
   return 1;
 }
 

@@ -50,7 +50,7 @@ struct SharedMemoryOptions {
   // Smaller buffers stay on the communicator's own transport, where a round
   // of latency is cheaper than the synchronizations here
   // (BAGUA_SHARED_MEMORY_MIN_BYTES).
-  std::int64_t min_bytes = 64 * 1024;
+  std::int64_t min_bytes = 64LL * 1024;
   // Bytes of one rank's slot (a piece); 0 picks a size from the world size.
   std::size_t slot_bytes = 0;
 };

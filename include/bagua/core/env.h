@@ -63,7 +63,7 @@ struct EnvConfig {
   std::chrono::milliseconds comm_timeout{300'000};
   std::int64_t default_bucket_bytes = 10LL * 1024 * 1024;
   bool shared_memory = true;
-  std::int64_t shared_memory_min_bytes = 64 * 1024;
+  std::int64_t shared_memory_min_bytes = 64LL * 1024;
   // Read by the Python package; an empty string means unset.
   std::string backend = "gloo";
   bool check_collectives = true;
@@ -109,7 +109,7 @@ inline std::string env_choice(const char* name, std::string fallback,
                               std::initializer_list<std::string_view> choices) {
   const char* value = env_value(name);
   if (value == nullptr) return fallback;
-  const std::string lower = env_lower(value);
+  std::string lower = env_lower(value);
   for (const auto choice : choices) {
     if (lower == choice) return lower;
   }

@@ -125,13 +125,8 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
 
     // fp32 buckets are compressed where they lie (the result overwrites them
     // anyway); 16-bit ones through an fp32 copy.
-    CachingAllocator::Block work_block;
-    TensorView work = data;
-    if (data.dtype != DType::kFloat32) {
-      work_block = c.scratch(static_cast<std::size_t>(data.numel) * sizeof(float));
-      work = c.view(work_block, data.numel, DType::kFloat32);
-      c.convert(data, work);
-    }
+    const Float32Work work_copy = float32_work(c, data);
+    const TensorView& work = work_copy.view;
 
     const auto outgoing = c.scratch(all_bytes);
     const auto incoming = c.scratch(all_bytes);
@@ -152,7 +147,7 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
     comm.allgather(byte_view(c, mine, chunk_bytes), byte_view(c, incoming, all_bytes));
 
     c.decompress(bytes_of(incoming), chunk, work, false);
-    if (work.data != data.data) c.convert(work, data);
+    if (work_copy.is_copy()) c.convert(work, data);
   }
 
   // out = Q(values) in chunks of `chunk`. With error feedback the residual is

@@ -142,6 +142,22 @@ class HostCompute final : public Compute {
   }
 };
 
+// A float32 version of `data` to work on: `data` itself when it is float32,
+// else a float32 copy in c's scratch memory (`block` holds it), which the
+// caller converts back into `data` (c.convert(view, data)) when done.
+struct Float32Work {
+  CachingAllocator::Block block;
+  TensorView view;
+  bool is_copy() const { return block.data() != nullptr; }
+};
+inline Float32Work float32_work(Compute& c, const TensorView& data) {
+  if (data.dtype == DType::kFloat32) return {{}, data};
+  Float32Work work{c.scratch(static_cast<std::size_t>(data.numel) * sizeof(float)), {}};
+  work.view = c.view(work.block, data.numel, DType::kFloat32);
+  c.convert(data, work.view);
+  return work;
+}
+
 // The compute of `device`: a HostCompute for the CPU, a CudaCompute on the
 // device's communication stream for a GPU (InvalidArgument in a build
 // without CUDA or for a device that does not exist).
