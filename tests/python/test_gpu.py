@@ -137,6 +137,27 @@ def test_kernel_calls_fail_cleanly_without_a_gpu():
             bagua_core._testing.cuda_divide_inplace(bagua_core.TensorView(0, 4, "float32", "cuda:0"), 2)
 
 
+@gpu
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-4), (torch.float64, 1e-10), (torch.bfloat16, 0.05)])
+@pytest.mark.parametrize("rows,cols,rank,with_error", [(37, 23, 1, True), (300, 5000, 2, True), (2048, 64, 5, False),
+                                                       (1, 17, 2, True), (70, 1, 1, True)])
+def test_low_rank_step_on_cuda_matches_the_cpu(dtype, tolerance, rows, cols, rank, with_error):
+    """PowerSGD's matrix kernels (kernels/low_rank_kernels.cu) against the
+    host loops: the same formulas, sums in another order."""
+    g = torch.Generator().manual_seed(rows + cols + rank)
+    cpu = [torch.randn(rows, cols, generator=g).to(dtype), torch.randn(rows, cols, generator=g).to(dtype),
+           torch.randn(cols, rank, generator=g).to(dtype), torch.zeros(rows, rank, dtype=dtype)]
+    if not with_error:
+        cpu[1] = torch.empty(0, dtype=dtype)
+    gpu_tensors = [t.cuda() for t in cpu]  # held: a view does not keep its tensor alive
+    bagua_core.low_rank_step(*(view(t) for t in cpu), rows, cols, rank)
+    bagua_core.low_rank_step(*(view(t) for t in gpu_tensors), rows, cols, rank)
+    for name, a, b in zip(("m", "error", "q", "p"), cpu, gpu_tensors):
+        scale = max(1.0, a.double().abs().max().item()) if a.numel() else 1.0
+        torch.testing.assert_close(b.cpu().double(), a.double(), rtol=tolerance, atol=tolerance * scale,
+                                   msg=lambda m: f"{name}: {m}")
+
+
 def _world_of_one(prefix):
     return bagua_core.gloo_communicator(bagua_core._testing.hash_store(), 0, 1, prefix=prefix)
 
