@@ -1,5 +1,5 @@
 """Bagua's ``bagua.torch_api.contrib``: load-balancing samplers for data of
-uneven cost, and a synchronized BatchNorm.
+uneven cost, a synchronized BatchNorm, and the fused optimizer.
 
     from bagua.torch_api.contrib import LoadBalancingDistributedSampler
     from bagua.torch_api.contrib.sync_batchnorm import SyncBatchNorm
@@ -10,5 +10,7 @@ from bagua.torch_api.contrib.load_balancing_data_loader import (  # noqa: F401
     LoadBalancingDistributedSampler,
 )
 from bagua.torch_api.contrib.sync_batchnorm import SyncBatchNorm  # noqa: F401
+from bagua.torch_api.contrib.fuse.optimizer import fuse_optimizer  # noqa: F401
 
-__all__ = ["LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler", "SyncBatchNorm"]
+__all__ = ["LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler", "SyncBatchNorm",
+           "fuse_optimizer"]
