@@ -52,3 +52,58 @@ def test_autotune_level_sets_the_workers_environment(monkeypatch):
     args = launch.build_torchrun_args(["--autotune_level", "1", "--nproc_per_node=2", "t.py", "--autotune_level", "7"])
     assert args == ["--nproc_per_node=2", "t.py", "--autotune_level", "7"]
     assert os.environ["BAGUA_AUTOTUNE"] == "1"
+
+
+def test_baguas_launcher_options_set_the_workers_environment(monkeypatch, capsys):
+    for name in ("BAGUA_DEFAULT_BUCKET_SIZE", "BAGUA_AUTOTUNE_OUTPUT", "BAGUA_AUTOTUNE_MAX_TRIALS", "BAGUA_AUTOTUNE"):
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
+    args = launch.build_torchrun_args([
+        "--nproc_per_node=2", "--default_bucket_size", "4096", "--autotune_log_file=/tmp/plan.json",
+        "--autotune_max_samples", "7", "--is_output_autotune_log", "--autotune_level", "2",
+        "--bagua_service_port", "29501", "--report_metrics", "--host_list", "a,b", "--ssh_port", "22",
+        "--autotune_sampling_confidence_time", "5", "--autotune_warmup_time", "30", "--enable_bagua_net",
+        "--logdir", "logs", "train.py", "--default_bucket_size", "1"])
+    assert args == ["--nproc_per_node=2", "--log_dir", "logs", "--redirects", "3", "train.py",
+                    "--default_bucket_size", "1"]
+    assert os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] == "4096"
+    assert os.environ["BAGUA_AUTOTUNE_OUTPUT"] == "/tmp/plan.json"
+    assert os.environ["BAGUA_AUTOTUNE_MAX_TRIALS"] == "7"
+    assert os.environ["BAGUA_AUTOTUNE"] == "1"  # level 2 runs level 1
+    warnings = capsys.readouterr().err.splitlines()
+    for option in ("--autotune_level 2", "--bagua_service_port", "--report_metrics", "--host_list", "--ssh_port",
+                   "--autotune_sampling_confidence_time", "--autotune_warmup_time", "--enable_bagua_net"):
+        assert sum(w.startswith(f"bagua.distributed.launch: {option}") for w in warnings) == 1, (option, warnings)
+    assert len(warnings) == 8
+
+
+@pytest.mark.parametrize("bad", [["--default_bucket_size", "big", "t.py"], ["--autotune_level", "4", "t.py"],
+                                 ["--set_additional_flag", "--no_python", "t.sh"], ["--logdir"]])
+def test_bad_launcher_options_are_clear_errors(bad, monkeypatch):
+    monkeypatch.setenv("BAGUA_AUTOTUNE", "0")
+    with pytest.raises(SystemExit):
+        launch.build_torchrun_args(bad)
+
+
+def test_set_additional_flag_runs_the_script_through_the_local_rank_shim():
+    args = launch.build_torchrun_args(["--nproc_per_node=2", "--set_additional_flag", "t.py", "--lr", "1"])
+    assert args == ["--nproc_per_node=2", "-m", "bagua.distributed.local_rank_arg", "t.py", "--lr", "1"]
+    args = launch.build_torchrun_args(["--nproc_per_node=2", "-m", "--set_additional_flag", "pkg.train"])
+    assert args == ["--nproc_per_node=2", "-m", "bagua.distributed.local_rank_arg", "--module", "pkg.train"]
+
+
+@pytest.mark.parametrize("launcher", ["bagua.distributed.launch", "bagua.distributed.run"])
+def test_launchers_pass_local_rank_and_write_logs(tmp_path, launcher):
+    """End to end, 2 processes: --set_additional_flag gives each script its
+    --local_rank, --logdir keeps each rank's output in files under DIR."""
+    import subprocess
+    import sys
+    from launcher import free_port
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys\nprint('argv', sys.argv[1:], 'rank', os.environ['RANK'], flush=True)\n")
+    logs = tmp_path / "logs"
+    subprocess.run([sys.executable, "-m", launcher, "--nproc_per_node", "2", "--master_port", str(free_port()),
+                    "--set_additional_flag", "--logdir", str(logs), str(script), "--x", "1"],
+                   check=True, timeout=120, cwd=tmp_path)
+    outputs = sorted(p.read_text() for p in logs.rglob("stdout.log"))
+    assert outputs == ["argv ['--local_rank=0', '--x', '1'] rank 0\n", "argv ['--local_rank=1', '--x', '1'] rank 1\n"]

@@ -1,13 +1,32 @@
 """``python -m bagua.distributed.launch [options] script.py [args]``
 
-A thin layer over ``torchrun`` (``torch.distributed.run``): the same options,
-with ``--nproc_per_node`` defaulting to the number of GPUs, or to the number
-of CPU cores this process may use when there is no GPU, plus bagua's own:
+A thin layer over ``torchrun`` (``torch.distributed.run``): the same options
+(``--nnodes``, ``--node_rank``, ``--master_addr``, ``--master_port``,
+``-m``, ``--no_python``...), with ``--nproc_per_node`` defaulting to the
+number of GPUs, or to the number of CPU cores this process may use when there
+is no GPU, plus the options of Bagua's launcher:
 
-  --autotune_level N   0: no autotuning (default); 1: tune the bucket size
-                       during training (sets BAGUA_AUTOTUNE=1 for the workers)
+  --autotune_level N        0: no autotuning (default); 1: tune the bucket size
+                            during training (BAGUA_AUTOTUNE=1 for the workers);
+                            2 and 3 (Bagua's system-level tuning over ssh) run
+                            level 1, with a warning
+  --default_bucket_size B   BAGUA_DEFAULT_BUCKET_SIZE=B (bytes)
+  --autotune_log_file PATH  BAGUA_AUTOTUNE_OUTPUT=PATH (the tuned plan)
+  --autotune_max_samples N  BAGUA_AUTOTUNE_MAX_TRIALS=N
+  --is_output_autotune_log  accepted: the plan is always written
+  --set_additional_flag     pass --local_rank=N to the script
+  --logdir DIR              each rank's stdout and stderr into files under DIR
+                            (torchrun's --log_dir layout)
+  --bagua_service_port, --report_metrics, --host_list, --ssh_port,
+  --autotune_sampling_confidence_time, --autotune_warmup_time,
+  --enable_bagua_net        accepted with a one-line warning: they served
+                            Bagua's HTTP autotune service, its ssh-based system
+                            tuning and Bagua-Net, which this runtime does
+                            without (tuning runs inside the job)
 
-Plain ``torchrun`` works just as well (set BAGUA_AUTOTUNE yourself).
+Plain ``torchrun`` works just as well (set the BAGUA_* variables yourself).
+``python -m bagua.distributed.run`` is the same launcher under the name of
+Bagua's elastic one.
 """
 
 import os
@@ -32,32 +51,126 @@ def default_nproc_per_node() -> int:
 def _has_option(argv: List[str], option: str) -> bool:
     """True if ``option`` appears among the launcher's own options (before the
     training script)."""
-    spellings = {option, option.replace("_", "-")}
-    for arg in argv:
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
         if not arg.startswith("-"):
             return False  # the script: what follows belongs to it
-        if arg.split("=", 1)[0] in spellings:
+        name, has_value, _ = arg.partition("=")
+        if _canonical(name) == option:
             return True
+        if _canonical(name) in TORCHRUN_VALUE_OPTIONS and not has_value and rest:
+            rest.pop(0)
     return False
+
+
+def _set_env(variable: str, integer: bool = False):
+    def apply(option: str, value: str) -> None:
+        if integer and not (value.isdigit() and int(value) >= 1):
+            raise SystemExit(f"{option} must be an integer >= 1, got {value!r}")
+        os.environ[variable] = value
+    return apply
+
+
+def _autotune_level(option: str, value: str) -> None:
+    if value not in ("0", "1", "2", "3"):
+        raise SystemExit(f"{option} must be 0, 1, 2 or 3, got {value!r}")
+    if value in ("2", "3"):
+        _warn(f"{option} {value}: Bagua's system-level tuning over ssh is not done here; "
+              "tuning the bucket size during training (level 1)")
+    os.environ["BAGUA_AUTOTUNE"] = "0" if value == "0" else "1"
+
+
+def _ignored(why: str):
+    def apply(option: str, value: Optional[str]) -> None:
+        _warn(f"{option} has no effect here: {why}")
+    return apply
+
+
+def _warn(message: str) -> None:
+    print(f"bagua.distributed.launch: {message}", file=sys.stderr)
+
+
+_SERVICE = "it configured Bagua's HTTP autotune service; tuning runs inside the job (BAGUA_AUTOTUNE_*)"
+_SSH = "it served Bagua's ssh-based system tuning (--autotune_level 2), which is not done here"
+
+# Bagua's launcher options: (takes a value, what it does).
+BAGUA_OPTIONS = {
+    "--autotune_level": (True, _autotune_level),
+    "--default_bucket_size": (True, _set_env("BAGUA_DEFAULT_BUCKET_SIZE", integer=True)),
+    "--autotune_log_file": (True, _set_env("BAGUA_AUTOTUNE_OUTPUT")),
+    "--autotune_max_samples": (True, _set_env("BAGUA_AUTOTUNE_MAX_TRIALS", integer=True)),
+    "--is_output_autotune_log": (False, lambda option, value: None),  # the plan is always written
+    "--bagua_service_port": (True, _ignored(_SERVICE)),
+    "--report_metrics": (False, _ignored(_SERVICE)),
+    "--autotune_sampling_confidence_time": (True, _ignored(_SERVICE)),
+    "--autotune_warmup_time": (True, _ignored(_SERVICE + "; BAGUA_AUTOTUNE_WARMUP_STEPS counts steps")),
+    "--host_list": (True, _ignored(_SSH)),
+    "--ssh_port": (True, _ignored(_SSH)),
+    "--enable_bagua_net": (False, _ignored("Bagua-Net was a TCP plugin for NCCL; Gloo and NCCL run as they are")),
+}
+
+
+# torchrun's options that take a value (the rest are flags), so that a value
+# given as the next argument is not taken for the training script.
+TORCHRUN_VALUE_OPTIONS = {
+    "--nnodes", "--nproc_per_node", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf",
+    "--max_restarts", "--monitor_interval", "--start_method", "--role", "--log_dir", "-r", "--redirects",
+    "-t", "--tee", "--node_rank", "--master_addr", "--master_port", "--local_addr", "--logs_specs",
+}
+
+
+def _canonical(name: str) -> str:
+    return name.replace("-", "_").replace("__", "--", 1) if name.startswith("--") else name
 
 
 def take_bagua_options(argv: List[str]) -> List[str]:
     """Removes bagua's own launcher options from `argv` (before the script),
-    applying them to the environment the workers inherit."""
+    applying them to the environment the workers inherit; rewrites
+    ``--logdir`` and ``--set_additional_flag`` into torchrun's terms."""
     args, rest = [], list(argv)
+    additional_flag = False
     while rest:
         arg = rest.pop(0)
         if not arg.startswith("-"):
-            return args + [arg] + rest
-        name, _, value = arg.partition("=")
-        if name in ("--autotune_level", "--autotune-level"):
-            value = value or (rest.pop(0) if rest else "")
-            if value not in ("0", "1"):
-                raise SystemExit(f"--autotune_level must be 0 or 1, got {value!r}")
-            os.environ["BAGUA_AUTOTUNE"] = value
+            script = [arg] + rest
+            if additional_flag:
+                script = _with_local_rank_flag(args, script)  # may drop -m from args
+            return args + script
+        name, has_value, value = arg.partition("=")
+        name = _canonical(name)
+        if name in BAGUA_OPTIONS:
+            takes_value, apply = BAGUA_OPTIONS[name]
+            if takes_value and not has_value:
+                if not rest:
+                    raise SystemExit(f"{name} needs a value")
+                value = rest.pop(0)
+            apply(name, value if takes_value else None)
+            continue
+        if name == "--set_additional_flag":
+            additional_flag = True
+            continue
+        if name == "--logdir":
+            directory = value if has_value else (rest.pop(0) if rest else "")
+            if not directory:
+                raise SystemExit("--logdir needs a directory")
+            args += ["--log_dir", directory, "--redirects", "3"]
             continue
         args.append(arg)
+        if name in TORCHRUN_VALUE_OPTIONS and not has_value and rest:
+            args.append(rest.pop(0))
     return args
+
+
+def _with_local_rank_flag(launcher_args: List[str], script: List[str]) -> List[str]:
+    """The script and its arguments run through bagua.distributed.local_rank_arg,
+    which adds --local_rank=LOCAL_RANK as Bagua's launcher did."""
+    if any(_canonical(a) == "--no_python" for a in launcher_args):
+        raise SystemExit("--set_additional_flag cannot be combined with --no_python")
+    as_module = any(_canonical(a) in ("-m", "--module") for a in launcher_args)
+    if as_module:
+        launcher_args[:] = [a for a in launcher_args if _canonical(a) not in ("-m", "--module")]
+    return ["-m", "bagua.distributed.local_rank_arg"] + (["--module"] if as_module else []) + script
 
 
 def build_torchrun_args(argv: List[str]) -> List[str]:
@@ -68,9 +181,13 @@ def build_torchrun_args(argv: List[str]) -> List[str]:
 
 
 def _repair_std_parsing() -> None:
-    """PyTorch 1.13's torchrun on Python >= 3.11 parses ``--redirects 0`` (its
-    default) as None instead of Std.NONE, because iterating an IntFlag no
-    longer yields its zero member, and then crashes. Map None back to NONE."""
+    """PyTorch 1.13's torchrun on Python >= 3.11 parses ``--redirects``/``--tee``
+    values 0 and 3 (none, both streams) as None, because membership tests of
+    an IntFlag no longer accept its zero and multi-bit members, and then
+    crashes or drops the redirection. Parse the values here instead: a digit
+    0-3 for every rank, or ``rank:digit,...``."""
+    import re
+
     from torch.distributed.elastic.multiprocessing import api
 
     original = api.Std.from_str
@@ -78,12 +195,11 @@ def _repair_std_parsing() -> None:
         return
 
     def from_str(vm):
-        parsed = original(vm)
-        if parsed is None:
-            return api.Std.NONE
-        if isinstance(parsed, dict):
-            return {k: api.Std.NONE if v is None else v for k, v in parsed.items()}
-        return parsed
+        if re.fullmatch(r"[0-3]", vm):
+            return api.Std(int(vm))
+        if re.fullmatch(r"(\d+:[0-3],)*\d+:[0-3]", vm):
+            return {int(rank): api.Std(int(value)) for rank, value in (p.split(":") for p in vm.split(","))}
+        return original(vm)
 
     from_str._bagua_repaired = True
     api.Std.from_str = from_str
