@@ -107,3 +107,11 @@ def test_launchers_pass_local_rank_and_write_logs(tmp_path, launcher):
                    check=True, timeout=120, cwd=tmp_path)
     outputs = sorted(p.read_text() for p in logs.rglob("stdout.log"))
     assert outputs == ["argv ['--local_rank=0', '--x', '1'] rank 0\n", "argv ['--local_rank=1', '--x', '1'] rank 1\n"]
+
+
+def test_help_lists_baguas_options_then_torchruns(capsys):
+    with pytest.raises(SystemExit):
+        launch.main(["--help"])
+    out = capsys.readouterr().out
+    assert "--set_additional_flag" in out and "--default_bucket_size" in out  # ours
+    assert "--max_restarts" in out  # torchrun's

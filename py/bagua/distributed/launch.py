@@ -209,7 +209,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     from torch.distributed.run import main as torchrun_main
 
     _repair_std_parsing()
-    args = build_torchrun_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if _has_option(argv, "-h") or _has_option(argv, "--help"):
+        print(__doc__)  # Bagua's options; torchrun's help follows
+    args = build_torchrun_args(argv)
     torchrun_main(args)
 
 
