@@ -110,8 +110,10 @@ def test_launchers_pass_local_rank_and_write_logs(tmp_path, launcher):
 
 
 def test_help_lists_baguas_options_then_torchruns(capsys):
-    with pytest.raises(SystemExit):
+    try:
         launch.main(["--help"])
+    except SystemExit as e:  # torch 1.13 exits; torch 2's torchrun returns after help
+        assert e.code in (0, None)
     out = capsys.readouterr().out
     assert "--set_additional_flag" in out and "--default_bucket_size" in out  # ours
     assert "--max_restarts" in out  # torchrun's

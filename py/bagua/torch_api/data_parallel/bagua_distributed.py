@@ -100,11 +100,13 @@ class BaguaDistributedDataParallel:
 
     # -- parameters and tensors ---------------------------------------------
     def bagua_build_params(self):
-        """(name, parameter) pairs to train, in module order, shared ones once."""
+        """(name, parameter) pairs to train, in module order, shared ones once.
+        Parameters marked ``allreduce = False`` (the experts of a mixture of
+        experts, bagua.torch_api.moe) belong to their rank and are left out."""
         seen = set()
         params = []
         for name, param in self.module.named_parameters():
-            if param.requires_grad and id(param) not in seen:
+            if param.requires_grad and id(param) not in seen and getattr(param, "allreduce", True) is not False:
                 seen.add(id(param))
                 params.append((name, param))
         return params
