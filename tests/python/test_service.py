@@ -47,3 +47,11 @@ def test_bayesian_optimizer_rejects_bad_declarations_and_skips_values_outside_th
     assert "skipped" in caplog.text
     with pytest.raises(KeyError):
         optimizer.tell({}, 1.0)
+
+
+def test_bagua_service_autotune_names_and_the_ssh_tuner_says_why_it_is_absent():
+    from bagua.service import autotune
+    from bagua.torch_api import InvalidArgumentError
+    assert autotune.BayesianOptimizer is BayesianOptimizer and autotune.IntParam is IntParam
+    with pytest.raises(InvalidArgumentError, match="over ssh is not part of this runtime"):
+        autotune.autotune_system_hyperparameters(["localhost"], 8, 8123)
