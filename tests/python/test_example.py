@@ -40,8 +40,7 @@ def test_digits_gradient_allreduce_reaches_95_percent(gradient_allreduce_metrics
     "bytegrad", "qadam", "low_precision_decentralized", "low_precision_decentralized_ring",
     "decentralized", "decentralized_shift_one", "decentralized_ring", "async_model_average",
     "partial_allreduce_smart", "partial_allreduce_random", "partial_allreduce_static", "powersgd",
-    "auto",
-])
+])  # "auto" trains as the algorithm it picks: test_auto.py checks that choice and its run
 def test_algorithm_converges_like_gradient_allreduce(algorithm, gradient_allreduce_metrics, tmp_path):
     metrics = run_example(tmp_path, algorithm)
     reference = gradient_allreduce_metrics["test_accuracy"]

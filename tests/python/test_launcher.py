@@ -92,10 +92,15 @@ def test_set_additional_flag_runs_the_script_through_the_local_rank_shim():
     assert args == ["--nproc_per_node=2", "-m", "bagua.distributed.local_rank_arg", "--module", "pkg.train"]
 
 
-@pytest.mark.parametrize("launcher", ["bagua.distributed.launch", "bagua.distributed.run"])
-def test_launchers_pass_local_rank_and_write_logs(tmp_path, launcher):
-    """End to end, 2 processes: --set_additional_flag gives each script its
-    --local_rank, --logdir keeps each rank's output in files under DIR."""
+def test_run_is_the_launcher():
+    from bagua.distributed import run
+    assert run.main is launch.main
+
+
+def test_launchers_pass_local_rank_and_write_logs(tmp_path, launcher="bagua.distributed.run"):
+    """End to end, 2 processes, through bagua.distributed.run (the same
+    main): --set_additional_flag gives each script its --local_rank,
+    --logdir keeps each rank's output in files under DIR."""
     import subprocess
     import sys
     from launcher import free_port
