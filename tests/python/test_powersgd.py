@@ -239,7 +239,7 @@ def test_low_precision_average_primitive_matches_the_formulas(tmp_path, world_si
 def test_accuracy_matches_ddps_powersgd_hook(tmp_path):
     """bench/powersgd_vs_ddp_hook.py, shortened: PowerSGDAlgorithm and DDP
     with powerSGD_hook train the digits MLP from the same model on the same
-    batches (rank 2, 40 plain steps, then compression); every rank of ours
+    batches (rank 2, 40 plain steps, 5 epochs); every rank of ours
     holds the same model and lands within 1.5 points of the hook's."""
     import json
     import subprocess
@@ -249,7 +249,7 @@ def test_accuracy_matches_ddps_powersgd_hook(tmp_path):
     out = tmp_path / "hook.json"
     subprocess.run([sys.executable, "-m", "bagua.distributed.launch", "--nproc_per_node", "2",
                     "--master_port", str(free_port()), str(root / "bench" / "powersgd_vs_ddp_hook.py"),
-                    "--epochs", "8", "--start-iter", "40", "--json", str(out)], check=True, timeout=600, cwd=root)
+                    "--epochs", "5", "--start-iter", "40", "--json", str(out)], check=True, timeout=600, cwd=root)
     result = json.loads(out.read_text())
     ours, hook = result["bagua_powersgd"]["test_accuracy"], result["ddp_powersgd_hook"]["test_accuracy"]
     assert len(set(ours)) == 1, ours
