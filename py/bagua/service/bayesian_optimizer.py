@@ -8,31 +8,28 @@ from typing import Optional, Tuple
 __all__ = ["IntParam", "FloatParam", "BoolParam", "BayesianOptimizer"]
 
 
-class IntParam:
-    def __init__(self, val: int, space_dimension: Tuple[int, int]):
+class _Param:
+    """A declared parameter: its starting value and its range."""
+
+    def __init__(self, val, space_dimension: Tuple):
         self.val = val
-        self.space_dimension = space_dimension
+        self.space_dimension = tuple(space_dimension)
 
     def __str__(self):
         return str(self.__dict__)
 
 
-class FloatParam:
-    def __init__(self, val: float, space_dimension: Tuple[float, float]):
-        self.val = val
-        self.space_dimension = space_dimension
-
-    def __str__(self):
-        return str(self.__dict__)
+class IntParam(_Param):
+    """An integer in [low, high]."""
 
 
-class BoolParam:
+class FloatParam(_Param):
+    """A float in [low, high]."""
+
+
+class BoolParam(_Param):
     def __init__(self, val: bool):
-        self.val = val
-        self.space_dimension = (0, 1)
-
-    def __str__(self):
-        return str(self.__dict__)
+        super().__init__(val, (0, 1))
 
 
 class BayesianOptimizer:
@@ -59,9 +56,9 @@ class BayesianOptimizer:
         if isinstance(declaration, BoolParam):
             return d.CategoricalDistribution([False, True])
         if isinstance(declaration, IntParam):
-            return d.IntDistribution(int(declaration.space_dimension[0]), int(declaration.space_dimension[1]))
+            return d.IntDistribution(*(int(v) for v in declaration.space_dimension))
         if isinstance(declaration, FloatParam):
-            return d.FloatDistribution(float(declaration.space_dimension[0]), float(declaration.space_dimension[1]))
+            return d.FloatDistribution(*(float(v) for v in declaration.space_dimension))
         raise TypeError(f"BayesianOptimizer: declare parameters as IntParam, FloatParam or BoolParam, "
                         f"got {type(declaration).__name__}")
 
