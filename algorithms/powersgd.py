@@ -37,7 +37,7 @@ carry them) and the op updates in place.
 """
 
 import zlib
-from typing import Dict, List
+from typing import Dict
 
 import torch
 

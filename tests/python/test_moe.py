@@ -97,14 +97,12 @@ def test_bad_arguments_are_clear_errors():
 
 def test_experts_spread_over_two_ranks_match_one_process_with_all_of_them(tmp_path):
     results = run_workers("forward", 2, tmp_path, script=Path(__file__).with_name("moe_workers.py"))
-    expert = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6))
     experts = []
     for result in results:  # experts 0-1 live on rank 0, 2-3 on rank 1
         for state in result["experts"]:
             e = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6))
             e.load_state_dict(state)
             experts.append(e)
-    del expert
     assert torch.equal(results[0]["gate"], results[1]["gate"])
     gate = results[0]["gate"]
     for rank, result in enumerate(results):

@@ -13,7 +13,7 @@ residual connection around the layer carries them).
 """
 
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F

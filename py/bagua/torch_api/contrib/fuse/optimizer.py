@@ -19,7 +19,7 @@ fewer savings); ``zero_grad(set_to_none=False)`` keeps the flat gradients.
 """
 
 import types
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
