@@ -10,13 +10,20 @@
 //      are reduced here directly from the input);
 //   3. encode: one block per slice quantizes against the header, overwriting
 //      the partials.
-// Decompression is one kernel with the same slicing. The per-element math is
+// Decompression is one kernel with the same slicing. Where a chunk's input
+// is 16-byte aligned and its codes 8-byte aligned (the runtime's chunkings
+// on its buffers), each thread moves groups of 8 consecutive elements with
+// vector loads and stores, and 16-bit inputs convert with the hardware's
+// instructions; other chunks take an element-wise loop with the same math.
+// The encode kernel walks slices from the last to the first: the stats pass
+// ended on the last ones, so they are still in L2. The per-element math is
 // bagua/compression/minmax_uint8.h, shared with the CPU path, so the codes
 // are the same bit for bit. Layout per chunk: [min f32][max f32][n codes].
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "bagua/compression/minmax_uint8.h"
 #include "bagua/core/dtype.h"
@@ -104,6 +111,119 @@ __device__ inline void for_slice(std::int64_t begin, std::int64_t end, Body&& bo
   for (; i < end; i += stride) body(i, stride, 1);
 }
 
+// ---- groups of 8 consecutive elements, for aligned chunks ----------------
+
+constexpr int kGroup = 8;  // elements per vector access
+// Groups each thread handles in a full slice: all loaded before any is used.
+constexpr int kRounds = static_cast<int>(kSliceElements / (kGroup * kThreads));
+static_assert(kRounds * kGroup * kThreads == kSliceElements);
+
+template <typename T>
+constexpr bool kGrouped = std::is_same_v<T, float> || is_half_type_v<T>;
+
+// The hardware conversions. Exact for every non-NaN value, like the software
+// ones of core/half.h; a NaN only ever makes its chunk non-finite, whatever
+// its payload, so the codes stay the CPU's bit for bit.
+__device__ inline float to_float_fast(Half h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+  return f;
+}
+__device__ inline float to_float_fast(BFloat16 b) {
+  return __uint_as_float(static_cast<std::uint32_t>(b.bits) << 16);
+}
+__device__ inline std::uint16_t bits_of(float f, Half) {
+  if (isnan(f)) return Half::from_float(f);  // the CPU's NaN, sign and quiet bit
+  std::uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ inline std::uint16_t bits_of(float f, BFloat16) { return BFloat16::from_float(f); }
+
+__device__ inline void load_group(const float* p, float (&v)[kGroup]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+template <typename T16>
+__device__ inline void load_group(const T16* p, float (&v)[kGroup]) {
+  const uint4 w = *reinterpret_cast<const uint4*>(p);
+  const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // little-endian: the lower half is the first element
+    T16 lo, hi;
+    lo.bits = static_cast<std::uint16_t>(words[k] & 0xffffu);
+    hi.bits = static_cast<std::uint16_t>(words[k] >> 16);
+    v[2 * k] = to_float_fast(lo);
+    v[2 * k + 1] = to_float_fast(hi);
+  }
+}
+
+__device__ inline void store_group(float* p, const float (&v)[kGroup]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <typename T16>
+__device__ inline void store_group(T16* p, const float (&v)[kGroup]) {
+  std::uint32_t words[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    words[k] = bits_of(v[2 * k], T16{}) | static_cast<std::uint32_t>(bits_of(v[2 * k + 1], T16{}))
+                                              << 16;
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+__device__ inline void load_codes(const std::uint8_t* p, std::uint8_t (&c)[kGroup]) {
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    c[k] = static_cast<std::uint8_t>(w.x >> (8 * k));
+    c[4 + k] = static_cast<std::uint8_t>(w.y >> (8 * k));
+  }
+}
+__device__ inline void store_codes(std::uint8_t* p, const std::uint8_t (&c)[kGroup]) {
+  uint2 w{0, 0};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    w.x |= static_cast<std::uint32_t>(c[k]) << (8 * k);
+    w.y |= static_cast<std::uint32_t>(c[4 + k]) << (8 * k);
+  }
+  *reinterpret_cast<uint2*>(p) = w;
+}
+
+// Whether a chunk can take the grouped path: input on 16 bytes, codes on 8.
+// Slices start at multiples of kSliceElements, so every group is aligned too.
+template <typename T>
+__device__ inline bool grouped_chunk(const T* input, const std::uint8_t* codes) {
+  if constexpr (kGrouped<T>) {
+    return reinterpret_cast<std::uintptr_t>(input) % 16 == 0 &&
+           reinterpret_cast<std::uintptr_t>(codes) % 8 == 0;
+  } else {
+    return false;
+  }
+}
+
+// Calls load(r, first) for each full group of [begin, end) that falls to this
+// thread (round r, group's first element), then use(r, first) for the same
+// groups, then single(i) for the elements after the last full group.
+template <typename Load, typename Use, typename Single>
+__device__ inline void for_slice_groups(std::int64_t begin, std::int64_t end, Load&& load,
+                                        Use&& use, Single&& single) {
+  const std::int64_t groups = (end - begin) / kGroup;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const std::int64_t g = threadIdx.x + static_cast<std::int64_t>(r) * kThreads;
+    if (g < groups) load(r, begin + g * kGroup);
+  }
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const std::int64_t g = threadIdx.x + static_cast<std::int64_t>(r) * kThreads;
+    if (g < groups) use(r, begin + g * kGroup);
+  }
+  for (std::int64_t i = begin + groups * kGroup + threadIdx.x; i < end; i += kThreads) single(i);
+}
+
 template <typename T>
 __device__ Partial stats_of(const T* x, std::int64_t begin, std::int64_t end) {
   Partial p{std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 1};
@@ -125,6 +245,35 @@ __device__ Partial stats_of(const T* x, std::int64_t begin, std::int64_t end) {
   return p;
 }
 
+// stats_of over [begin, end) of a grouped chunk, begin a slice's start.
+template <typename T>
+__device__ Partial grouped_stats_of(const T* x, std::int64_t begin, std::int64_t end) {
+  Partial p{std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 1};
+  auto take = [&](float v) {
+    p.finite &= isfinite(v) ? 1 : 0;
+    p.lo = fminf(p.lo, v);
+    p.hi = fmaxf(p.hi, v);
+  };
+  float v[kRounds][kGroup];
+  for_slice_groups(
+      begin, end, [&](int r, std::int64_t first) { load_group(x + first, v[r]); },
+      [&](int r, std::int64_t) {
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) take(v[r][k]);
+      },
+      [&](std::int64_t i) { take(static_cast<float>(load(x[i]))); });
+  return p;
+}
+
+// stats_of, or grouped_stats_of where the chunk is grouped.
+template <typename T>
+__device__ Partial grouped_or_not(bool grouped, const T* x, std::int64_t begin, std::int64_t end) {
+  if constexpr (kGrouped<T>) {
+    if (grouped) return grouped_stats_of(x, begin, end);
+  }
+  return stats_of(x, begin, end);
+}
+
 // Grid: x = chunk, y strides over the chunk's slices.
 template <typename T>
 __global__ void slice_stats_kernel(const T* x, Chunking layout, std::uint8_t* out) {
@@ -132,9 +281,11 @@ __global__ void slice_stats_kernel(const T* x, Chunking layout, std::uint8_t* ou
   const std::int64_t count = layout.count(chunk);
   if (count < kSmallChunk) return;
   const T* base = x + chunk * layout.chunk_elements;
+  const bool grouped = grouped_chunk(base, layout.header(out, chunk) + q::kHeaderBytes);
   for (std::int64_t slice = blockIdx.y; slice < layout.slices(count); slice += gridDim.y) {
     const std::int64_t begin = slice * kSliceElements;
-    const Partial p = block_reduce(stats_of(base, begin, min(count, begin + kSliceElements)));
+    const std::int64_t end = min(count, begin + kSliceElements);
+    const Partial p = block_reduce(grouped_or_not(grouped, base, begin, end));
     if (threadIdx.x == 0) layout.partials(out, chunk)[slice] = p;
     __syncthreads();  // block_reduce's shared memory is reused by the next slice
   }
@@ -181,20 +332,40 @@ __global__ void encode_kernel(const T* x, Chunking layout, std::uint8_t* out) {
   std::uint8_t* header = layout.header(out, chunk);
   const q::Grid grid = grid_of(header);
   std::uint8_t* codes = header + q::kHeaderBytes;
-  for (std::int64_t slice = blockIdx.y; slice < layout.slices(count); slice += gridDim.y) {
-    const std::int64_t end = min(count, (slice + 1) * kSliceElements);
-    for_slice<kUnroll<T>>(slice * kSliceElements, end,
-                          [&](std::int64_t first, std::int64_t stride, int k) {
-                            float v[kUnroll<T>];
+  const bool grouped = grouped_chunk(base, codes);
+  const std::int64_t slices = layout.slices(count);
+  for (std::int64_t s = blockIdx.y; s < slices; s += gridDim.y) {
+    const std::int64_t slice = slices - 1 - s;  // last first: those are still in L2
+    const std::int64_t begin = slice * kSliceElements;
+    const std::int64_t end = min(count, begin + kSliceElements);
+    if constexpr (kGrouped<T>) {
+      if (grouped) {
+        float v[kRounds][kGroup];
+        for_slice_groups(
+            begin, end, [&](int r, std::int64_t first) { load_group(base + first, v[r]); },
+            [&](int r, std::int64_t first) {
+              std::uint8_t c[kGroup];
 #pragma unroll
-                            for (int u = 0; u < kUnroll<T>; ++u) {
-                              if (u < k) v[u] = static_cast<float>(load(base[first + u * stride]));
-                            }
+              for (int k = 0; k < kGroup; ++k) c[k] = q::quantize(v[r][k], grid);
+              store_codes(codes + first, c);
+            },
+            [&](std::int64_t i) {
+              codes[i] = q::quantize(static_cast<float>(load(base[i])), grid);
+            });
+        continue;
+      }
+    }
+    for_slice<kUnroll<T>>(begin, end, [&](std::int64_t first, std::int64_t stride, int k) {
+      float v[kUnroll<T>];
 #pragma unroll
-                            for (int u = 0; u < kUnroll<T>; ++u) {
-                              if (u < k) codes[first + u * stride] = q::quantize(v[u], grid);
-                            }
-                          });
+      for (int u = 0; u < kUnroll<T>; ++u) {
+        if (u < k) v[u] = static_cast<float>(load(base[first + u * stride]));
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll<T>; ++u) {
+        if (u < k) codes[first + u * stride] = q::quantize(v[u], grid);
+      }
+    });
   }
 }
 
@@ -208,29 +379,58 @@ __global__ void decompress_kernel(const std::uint8_t* in, Chunking layout, T* ou
   const q::Grid grid = grid_of(header);
   const std::uint8_t* codes = header + q::kHeaderBytes;
   T* base = out + chunk * layout.chunk_elements;
+  const bool grouped = grouped_chunk<T>(base, codes);
   for (std::int64_t slice = blockIdx.y; slice < layout.slices(count); slice += gridDim.y) {
-    const std::int64_t end = min(count, (slice + 1) * kSliceElements);
-    for_slice<kUnroll<T>>(
-        slice * kSliceElements, end, [&](std::int64_t first, std::int64_t stride, int k) {
-          std::uint8_t code[kUnroll<T>];
-          compute_type_t<T> previous[kUnroll<T>] = {};
+    const std::int64_t begin = slice * kSliceElements;
+    const std::int64_t end = min(count, begin + kSliceElements);
+    if constexpr (kGrouped<T>) {
+      if (grouped) {
+        std::uint8_t c[kRounds][kGroup];
+        float previous[kRounds][kGroup];
+        for_slice_groups(
+            begin, end,
+            [&](int r, std::int64_t first) {
+              load_codes(codes + first, c[r]);
+              if (accumulate) load_group(base + first, previous[r]);
+            },
+            [&](int r, std::int64_t first) {
+              float decoded[kGroup];
 #pragma unroll
-          for (int u = 0; u < kUnroll<T>; ++u) {
-            if (u < k) {
-              code[u] = codes[first + u * stride];
-              if (accumulate) previous[u] = load(base[first + u * stride]);
-            }
-          }
+              for (int k = 0; k < kGroup; ++k) {
+                decoded[k] = q::dequantize(c[r][k], grid);
+                if (accumulate) decoded[k] = previous[r][k] + decoded[k];
+              }
+              store_group(base + first, decoded);
+            },
+            [&](std::int64_t i) {
+              const float decoded = q::dequantize(codes[i], grid);
+              base[i] = accumulate
+                            ? store<T>(static_cast<compute_type_t<T>>(load(base[i]) + decoded))
+                            : store<T>(static_cast<compute_type_t<T>>(decoded));
+            });
+        continue;
+      }
+    }
+    for_slice<kUnroll<T>>(begin, end, [&](std::int64_t first, std::int64_t stride, int k) {
+      std::uint8_t code[kUnroll<T>];
+      compute_type_t<T> previous[kUnroll<T>] = {};
 #pragma unroll
-          for (int u = 0; u < kUnroll<T>; ++u) {
-            if (u < k) {
-              const float decoded = q::dequantize(code[u], grid);
-              base[first + u * stride] =
-                  accumulate ? store<T>(static_cast<compute_type_t<T>>(previous[u] + decoded))
-                             : store<T>(static_cast<compute_type_t<T>>(decoded));
-            }
-          }
-        });
+      for (int u = 0; u < kUnroll<T>; ++u) {
+        if (u < k) {
+          code[u] = codes[first + u * stride];
+          if (accumulate) previous[u] = load(base[first + u * stride]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll<T>; ++u) {
+        if (u < k) {
+          const float decoded = q::dequantize(code[u], grid);
+          base[first + u * stride] =
+              accumulate ? store<T>(static_cast<compute_type_t<T>>(previous[u] + decoded))
+                         : store<T>(static_cast<compute_type_t<T>>(decoded));
+        }
+      }
+    });
   }
 }
 

@@ -62,6 +62,38 @@ def test_compression_codes_equal_the_cpu_bit_for_bit(dtype, n, chunk, special):
     torch.testing.assert_close(decoded.cpu(), cpu_decoded, rtol=0, atol=0, equal_nan=True)
 
 
+# Aligned chunks take the kernels' vector path, an input shifted by one
+# element the element-wise one; both must give the CPU's codes, and decompress
+# must accumulate as the CPU does.
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,chunk", [(4097, 1024), (70001, 8751), (100003, 65536), (1 << 20, 1 << 17)])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_decompress_accumulates_like_the_cpu_aligned_or_not(dtype, n, chunk, offset):
+    g = torch.Generator().manual_seed(n + offset)
+    x = (torch.randn(n, generator=g) * 3 + 1).to(dtype)
+    start = (torch.randn(n, generator=g) * 5).to(dtype)
+    expected = cpu_compress_chunks(x, chunk)
+    gpu_storage = torch.zeros(n + offset, dtype=dtype, device="cuda")
+    gpu_storage[offset:] = x.cuda()
+    gpu_x = gpu_storage[offset:]
+    out = torch.zeros(expected.numel() + offset, dtype=torch.uint8, device="cuda")
+    packed = out[offset:]
+    bagua_core._testing.cuda_minmax_uint8_compress(view(gpu_x), chunk, packed.data_ptr(), stream())
+    torch.cuda.synchronize()
+    assert torch.equal(packed.cpu(), expected)
+    target_storage = torch.zeros(n + offset, dtype=dtype, device="cuda")
+    target_storage[offset:] = start.cuda()
+    target = target_storage[offset:]
+    bagua_core._testing.cuda_minmax_uint8_decompress(packed.data_ptr(), chunk, view(target), True, stream())
+    cpu_target = start.clone()
+    for begin, part in _chunks(expected, x, chunk):
+        piece = cpu_target[begin:begin + chunk]
+        bagua_core._testing.minmax_uint8_decompress(view(part), view(piece), True)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(target.cpu(), cpu_target, rtol=0, atol=0, equal_nan=True)
+
+
 def _chunks(packed, x, chunk):
     offset = 0
     for begin in range(0, x.numel(), chunk):
