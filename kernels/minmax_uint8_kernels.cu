@@ -38,6 +38,10 @@ namespace q = ::bagua::minmax_uint8;
 constexpr std::int64_t kSliceElements = 4096;  // elements per block (16 per thread)
 constexpr std::int64_t kSmallChunk = 16;       // below: no room for the partials
 constexpr unsigned kMaxGridY = 65535;
+// Resident blocks per SM the slice kernels are compiled for (registers capped
+// at 65536 / (256 * 6) = 42 per thread): their blocks are short-lived, so
+// occupancy is what hides the memory latency.
+constexpr int kBlocksPerSM = 6;
 
 struct Partial {  // min, max and finiteness of one slice
   float lo;
@@ -111,12 +115,17 @@ __device__ inline void for_slice(std::int64_t begin, std::int64_t end, Body&& bo
   for (; i < end; i += stride) body(i, stride, 1);
 }
 
-// ---- groups of 8 consecutive elements, for aligned chunks ----------------
+// ---- groups of consecutive elements, for aligned chunks ------------------
 
-constexpr int kGroup = 8;  // elements per vector access
-// Groups each thread handles in a full slice: all loaded before any is used.
-constexpr int kRounds = static_cast<int>(kSliceElements / (kGroup * kThreads));
-static_assert(kRounds * kGroup * kThreads == kSliceElements);
+// Elements per vector access: 16 bytes of input (4 fp32 or 8 16-bit values),
+// so each warp-wide load or store covers one contiguous 512-byte span.
+template <typename T>
+constexpr int kGroup = std::is_same_v<T, float> ? 4 : 8;
+// Groups each thread handles in a full slice.
+template <typename T>
+constexpr int kRounds = static_cast<int>(kSliceElements / (kGroup<T> * kThreads));
+static_assert(kRounds<float> * kGroup<float> * kThreads == kSliceElements);
+static_assert(kRounds<Half> * kGroup<Half> * kThreads == kSliceElements);
 
 template <typename T>
 constexpr bool kGrouped = std::is_same_v<T, float> || is_half_type_v<T>;
@@ -140,13 +149,12 @@ __device__ inline std::uint16_t bits_of(float f, Half) {
 }
 __device__ inline std::uint16_t bits_of(float f, BFloat16) { return BFloat16::from_float(f); }
 
-__device__ inline void load_group(const float* p, float (&v)[kGroup]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+__device__ inline void load_group(const float* p, float (&v)[4]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
 }
 template <typename T16>
-__device__ inline void load_group(const T16* p, float (&v)[kGroup]) {
+__device__ inline void load_group(const T16* p, float (&v)[8]) {
   const uint4 w = *reinterpret_cast<const uint4*>(p);
   const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -159,12 +167,11 @@ __device__ inline void load_group(const T16* p, float (&v)[kGroup]) {
   }
 }
 
-__device__ inline void store_group(float* p, const float (&v)[kGroup]) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+__device__ inline void store_group(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
 template <typename T16>
-__device__ inline void store_group(T16* p, const float (&v)[kGroup]) {
+__device__ inline void store_group(T16* p, const float (&v)[8]) {
   std::uint32_t words[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -174,31 +181,34 @@ __device__ inline void store_group(T16* p, const float (&v)[kGroup]) {
   *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
-__device__ inline void load_codes(const std::uint8_t* p, std::uint8_t (&c)[kGroup]) {
-  const uint2 w = *reinterpret_cast<const uint2*>(p);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    c[k] = static_cast<std::uint8_t>(w.x >> (8 * k));
-    c[4 + k] = static_cast<std::uint8_t>(w.y >> (8 * k));
-  }
+// A group's codes as one word: 4 codes in a 32-bit one, 8 in a 64-bit one.
+template <int G>
+using CodeWord = std::conditional_t<G == 4, std::uint32_t, std::uint64_t>;
+
+template <int G>
+__device__ inline CodeWord<G> load_codes(const std::uint8_t* p) {
+  return *reinterpret_cast<const CodeWord<G>*>(p);
 }
-__device__ inline void store_codes(std::uint8_t* p, const std::uint8_t (&c)[kGroup]) {
-  uint2 w{0, 0};
+template <int G>
+__device__ inline std::uint8_t code_at(CodeWord<G> word, int k) {
+  return static_cast<std::uint8_t>(word >> (8 * k));
+}
+template <int G>
+__device__ inline void store_codes(std::uint8_t* p, const std::uint8_t (&c)[G]) {
+  CodeWord<G> word = 0;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    w.x |= static_cast<std::uint32_t>(c[k]) << (8 * k);
-    w.y |= static_cast<std::uint32_t>(c[4 + k]) << (8 * k);
-  }
-  *reinterpret_cast<uint2*>(p) = w;
+  for (int k = 0; k < G; ++k) word |= static_cast<CodeWord<G>>(c[k]) << (8 * k);
+  *reinterpret_cast<CodeWord<G>*>(p) = word;
 }
 
-// Whether a chunk can take the grouped path: input on 16 bytes, codes on 8.
-// Slices start at multiples of kSliceElements, so every group is aligned too.
+// Whether a chunk can take the grouped path: input on 16 bytes, codes on the
+// size of a code word. Slices start at multiples of kSliceElements, so every
+// group is aligned too.
 template <typename T>
 __device__ inline bool grouped_chunk(const T* input, const std::uint8_t* codes) {
   if constexpr (kGrouped<T>) {
     return reinterpret_cast<std::uintptr_t>(input) % 16 == 0 &&
-           reinterpret_cast<std::uintptr_t>(codes) % 8 == 0;
+           reinterpret_cast<std::uintptr_t>(codes) % kGroup<T> == 0;
   } else {
     return false;
   }
@@ -207,21 +217,22 @@ __device__ inline bool grouped_chunk(const T* input, const std::uint8_t* codes) 
 // Calls load(r, first) for each full group of [begin, end) that falls to this
 // thread (round r, group's first element), then use(r, first) for the same
 // groups, then single(i) for the elements after the last full group.
-template <typename Load, typename Use, typename Single>
+template <typename T, typename Load, typename Use, typename Single>
 __device__ inline void for_slice_groups(std::int64_t begin, std::int64_t end, Load&& load,
                                         Use&& use, Single&& single) {
-  const std::int64_t groups = (end - begin) / kGroup;
+  constexpr int G = kGroup<T>;
+  const std::int64_t groups = (end - begin) / G;
 #pragma unroll
-  for (int r = 0; r < kRounds; ++r) {
+  for (int r = 0; r < kRounds<T>; ++r) {
     const std::int64_t g = threadIdx.x + static_cast<std::int64_t>(r) * kThreads;
-    if (g < groups) load(r, begin + g * kGroup);
+    if (g < groups) load(r, begin + g * G);
   }
 #pragma unroll
-  for (int r = 0; r < kRounds; ++r) {
+  for (int r = 0; r < kRounds<T>; ++r) {
     const std::int64_t g = threadIdx.x + static_cast<std::int64_t>(r) * kThreads;
-    if (g < groups) use(r, begin + g * kGroup);
+    if (g < groups) use(r, begin + g * G);
   }
-  for (std::int64_t i = begin + groups * kGroup + threadIdx.x; i < end; i += kThreads) single(i);
+  for (std::int64_t i = begin + groups * G + threadIdx.x; i < end; i += kThreads) single(i);
 }
 
 template <typename T>
@@ -254,12 +265,12 @@ __device__ Partial grouped_stats_of(const T* x, std::int64_t begin, std::int64_t
     p.lo = fminf(p.lo, v);
     p.hi = fmaxf(p.hi, v);
   };
-  float v[kRounds][kGroup];
-  for_slice_groups(
+  float v[kRounds<T>][kGroup<T>];
+  for_slice_groups<T>(
       begin, end, [&](int r, std::int64_t first) { load_group(x + first, v[r]); },
       [&](int r, std::int64_t) {
 #pragma unroll
-        for (int k = 0; k < kGroup; ++k) take(v[r][k]);
+        for (int k = 0; k < kGroup<T>; ++k) take(v[r][k]);
       },
       [&](std::int64_t i) { take(static_cast<float>(load(x[i]))); });
   return p;
@@ -276,7 +287,8 @@ __device__ Partial grouped_or_not(bool grouped, const T* x, std::int64_t begin, 
 
 // Grid: x = chunk, y strides over the chunk's slices.
 template <typename T>
-__global__ void slice_stats_kernel(const T* x, Chunking layout, std::uint8_t* out) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
+    slice_stats_kernel(const T* x, Chunking layout, std::uint8_t* out) {
   const std::int64_t chunk = blockIdx.x;
   const std::int64_t count = layout.count(chunk);
   if (count < kSmallChunk) return;
@@ -325,7 +337,8 @@ __device__ inline q::Grid grid_of(const std::uint8_t* header) {
 
 // Grid as slice_stats_kernel's.
 template <typename T>
-__global__ void encode_kernel(const T* x, Chunking layout, std::uint8_t* out) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
+    encode_kernel(const T* x, Chunking layout, std::uint8_t* out) {
   const std::int64_t chunk = blockIdx.x;
   const std::int64_t count = layout.count(chunk);
   const T* base = x + chunk * layout.chunk_elements;
@@ -340,14 +353,14 @@ __global__ void encode_kernel(const T* x, Chunking layout, std::uint8_t* out) {
     const std::int64_t end = min(count, begin + kSliceElements);
     if constexpr (kGrouped<T>) {
       if (grouped) {
-        float v[kRounds][kGroup];
-        for_slice_groups(
+        float v[kRounds<T>][kGroup<T>];
+        for_slice_groups<T>(
             begin, end, [&](int r, std::int64_t first) { load_group(base + first, v[r]); },
             [&](int r, std::int64_t first) {
-              std::uint8_t c[kGroup];
+              std::uint8_t c[kGroup<T>];
 #pragma unroll
-              for (int k = 0; k < kGroup; ++k) c[k] = q::quantize(v[r][k], grid);
-              store_codes(codes + first, c);
+              for (int k = 0; k < kGroup<T>; ++k) c[k] = q::quantize(v[r][k], grid);
+              store_codes<kGroup<T>>(codes + first, c);
             },
             [&](std::int64_t i) {
               codes[i] = q::quantize(static_cast<float>(load(base[i])), grid);
@@ -369,10 +382,46 @@ __global__ void encode_kernel(const T* x, Chunking layout, std::uint8_t* out) {
   }
 }
 
+// decoded, or the element it is added to plus decoded, in T.
+template <typename T, bool Accumulate>
+__device__ inline T decoded_element(const T* target, float decoded) {
+  if constexpr (Accumulate) {
+    return store<T>(static_cast<compute_type_t<T>>(load(*target) + decoded));
+  } else {
+    return store<T>(static_cast<compute_type_t<T>>(decoded));
+  }
+}
+
+// The grouped path of decompress_kernel over one slice. The codes of all the
+// thread's groups are loaded first (a word each); the elements accumulated
+// onto are loaded one group at a time, which keeps the kernel at ~40
+// registers: occupancy, not a deep pipeline, hides the latency.
+template <typename T, bool Accumulate>
+__device__ inline void decompress_groups(const std::uint8_t* codes, const q::Grid& grid, T* base,
+                                         std::int64_t begin, std::int64_t end) {
+  constexpr int G = kGroup<T>;
+  CodeWord<G> words[kRounds<T>];
+  for_slice_groups<T>(
+      begin, end, [&](int r, std::int64_t first) { words[r] = load_codes<G>(codes + first); },
+      [&](int r, std::int64_t first) {
+        float decoded[G];
+        if constexpr (Accumulate) load_group(base + first, decoded);
+#pragma unroll
+        for (int k = 0; k < G; ++k) {
+          const float value = q::dequantize(code_at<G>(words[r], k), grid);
+          decoded[k] = Accumulate ? decoded[k] + value : value;
+        }
+        store_group(base + first, decoded);
+      },
+      [&](std::int64_t i) {
+        base[i] = decoded_element<T, Accumulate>(base + i, q::dequantize(codes[i], grid));
+      });
+}
+
 // Grid as slice_stats_kernel's.
-template <typename T>
-__global__ void decompress_kernel(const std::uint8_t* in, Chunking layout, T* out,
-                                  bool accumulate) {
+template <typename T, bool Accumulate>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
+    decompress_kernel(const std::uint8_t* in, Chunking layout, T* out) {
   const std::int64_t chunk = blockIdx.x;
   const std::int64_t count = layout.count(chunk);
   const std::uint8_t* header = layout.header(const_cast<std::uint8_t*>(in), chunk);
@@ -385,49 +434,21 @@ __global__ void decompress_kernel(const std::uint8_t* in, Chunking layout, T* ou
     const std::int64_t end = min(count, begin + kSliceElements);
     if constexpr (kGrouped<T>) {
       if (grouped) {
-        std::uint8_t c[kRounds][kGroup];
-        float previous[kRounds][kGroup];
-        for_slice_groups(
-            begin, end,
-            [&](int r, std::int64_t first) {
-              load_codes(codes + first, c[r]);
-              if (accumulate) load_group(base + first, previous[r]);
-            },
-            [&](int r, std::int64_t first) {
-              float decoded[kGroup];
-#pragma unroll
-              for (int k = 0; k < kGroup; ++k) {
-                decoded[k] = q::dequantize(c[r][k], grid);
-                if (accumulate) decoded[k] = previous[r][k] + decoded[k];
-              }
-              store_group(base + first, decoded);
-            },
-            [&](std::int64_t i) {
-              const float decoded = q::dequantize(codes[i], grid);
-              base[i] = accumulate
-                            ? store<T>(static_cast<compute_type_t<T>>(load(base[i]) + decoded))
-                            : store<T>(static_cast<compute_type_t<T>>(decoded));
-            });
+        decompress_groups<T, Accumulate>(codes, grid, base, begin, end);
         continue;
       }
     }
     for_slice<kUnroll<T>>(begin, end, [&](std::int64_t first, std::int64_t stride, int k) {
       std::uint8_t code[kUnroll<T>];
-      compute_type_t<T> previous[kUnroll<T>] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll<T>; ++u) {
-        if (u < k) {
-          code[u] = codes[first + u * stride];
-          if (accumulate) previous[u] = load(base[first + u * stride]);
-        }
+        if (u < k) code[u] = codes[first + u * stride];
       }
 #pragma unroll
       for (int u = 0; u < kUnroll<T>; ++u) {
         if (u < k) {
-          const float decoded = q::dequantize(code[u], grid);
-          base[first + u * stride] =
-              accumulate ? store<T>(static_cast<compute_type_t<T>>(previous[u] + decoded))
-                         : store<T>(static_cast<compute_type_t<T>>(decoded));
+          T* target = base + first + u * stride;
+          *target = decoded_element<T, Accumulate>(target, q::dequantize(code[u], grid));
         }
       }
     });
@@ -483,9 +504,14 @@ const char* minmax_uint8_decompress(const void* in, std::int64_t numel, int dtyp
   const dim3 grid = slice_grid(numel, chunk_elements);
   return dispatch_float(dtype, [&](auto tag) {
     using T = decltype(tag);
-    decompress_kernel<T><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const std::uint8_t*>(in), Chunking{numel, chunk_elements}, static_cast<T*>(out),
-        accumulate);
+    const auto* packed = static_cast<const std::uint8_t*>(in);
+    const Chunking layout{numel, chunk_elements};
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (accumulate) {
+      decompress_kernel<T, true><<<grid, kThreads, 0, s>>>(packed, layout, static_cast<T*>(out));
+    } else {
+      decompress_kernel<T, false><<<grid, kThreads, 0, s>>>(packed, layout, static_cast<T*>(out));
+    }
   });
 }
 
