@@ -126,6 +126,13 @@ template <typename T>
 constexpr int kRounds = static_cast<int>(kSliceElements / (kGroup<T> * kThreads));
 static_assert(kRounds<float> * kGroup<float> * kThreads == kSliceElements);
 static_assert(kRounds<Half> * kGroup<Half> * kThreads == kSliceElements);
+// Encode and decompress, which keep no per-slice partials, give each block a
+// span of two slices of 16-bit input: the same 16 KB of input per block as
+// fp32 (a block is short-lived, and each one pays a memory latency or two).
+template <typename T>
+constexpr std::int64_t kSpan = sizeof(T) == 2 ? 2 * kSliceElements : kSliceElements;
+template <typename T>
+constexpr int kSpanRounds = static_cast<int>(kSpan<T> / (kGroup<T> * kThreads));
 
 template <typename T>
 constexpr bool kGrouped = std::is_same_v<T, float> || is_half_type_v<T>;
@@ -141,21 +148,31 @@ __device__ inline float to_float_fast(Half h) {
 __device__ inline float to_float_fast(BFloat16 b) {
   return __uint_as_float(static_cast<std::uint32_t>(b.bits) << 16);
 }
+// Out of line: the NaN case is rare, and inlined it costs registers.
+__device__ __noinline__ std::uint16_t nan_bits(float f) { return Half::from_float(f); }
 __device__ inline std::uint16_t bits_of(float f, Half) {
-  if (isnan(f)) return Half::from_float(f);  // the CPU's NaN, sign and quiet bit
+  if (isnan(f)) return nan_bits(f);  // the CPU's NaN, sign and quiet bit
   std::uint16_t h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
 }
 __device__ inline std::uint16_t bits_of(float f, BFloat16) { return BFloat16::from_float(f); }
 
-__device__ inline void load_group(const float* p, float (&v)[4]) {
-  const float4 a = *reinterpret_cast<const float4*>(p);
+// A group as loaded, 16 bytes, converted to float only when used: a 16-bit
+// group holds in 4 registers instead of 8 while the thread's loads fly.
+template <typename T>
+using Vec = std::conditional_t<std::is_same_v<T, float>, float4, uint4>;
+
+template <typename T>
+__device__ inline Vec<T> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T>*>(p);
+}
+
+__device__ inline void unpack(float4 a, float (&v)[4]) {
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
 }
 template <typename T16>
-__device__ inline void load_group(const T16* p, float (&v)[8]) {
-  const uint4 w = *reinterpret_cast<const uint4*>(p);
+__device__ inline void unpack(uint4 w, float (&v)[8], T16) {
   const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {  // little-endian: the lower half is the first element
@@ -165,6 +182,20 @@ __device__ inline void load_group(const T16* p, float (&v)[8]) {
     v[2 * k] = to_float_fast(lo);
     v[2 * k + 1] = to_float_fast(hi);
   }
+}
+
+// The group's elements as floats.
+template <typename T>
+__device__ inline void unpack_group(Vec<T> raw, float (&v)[kGroup<T>]) {
+  if constexpr (std::is_same_v<T, float>) {
+    unpack(raw, v);
+  } else {
+    unpack(raw, v, T{});
+  }
+}
+template <typename T>
+__device__ inline void load_group(const T* p, float (&v)[kGroup<T>]) {
+  unpack_group<T>(load_vec(p), v);
 }
 
 __device__ inline void store_group(float* p, const float (&v)[4]) {
@@ -214,21 +245,22 @@ __device__ inline bool grouped_chunk(const T* input, const std::uint8_t* codes) 
   }
 }
 
-// Calls load(r, first) for each full group of [begin, end) that falls to this
-// thread (round r, group's first element), then use(r, first) for the same
+// Calls load(r, first) for each full group of [begin, end), at most
+// Rounds * kThreads groups, that falls to this thread (round r, group's first
+// element), then use(r, first) for the same
 // groups, then single(i) for the elements after the last full group.
-template <typename T, typename Load, typename Use, typename Single>
+template <typename T, int Rounds, typename Load, typename Use, typename Single>
 __device__ inline void for_slice_groups(std::int64_t begin, std::int64_t end, Load&& load,
                                         Use&& use, Single&& single) {
   constexpr int G = kGroup<T>;
   const std::int64_t groups = (end - begin) / G;
 #pragma unroll
-  for (int r = 0; r < kRounds<T>; ++r) {
+  for (int r = 0; r < Rounds; ++r) {
     const std::int64_t g = threadIdx.x + static_cast<std::int64_t>(r) * kThreads;
     if (g < groups) load(r, begin + g * G);
   }
 #pragma unroll
-  for (int r = 0; r < kRounds<T>; ++r) {
+  for (int r = 0; r < Rounds; ++r) {
     const std::int64_t g = threadIdx.x + static_cast<std::int64_t>(r) * kThreads;
     if (g < groups) use(r, begin + g * G);
   }
@@ -265,12 +297,14 @@ __device__ Partial grouped_stats_of(const T* x, std::int64_t begin, std::int64_t
     p.lo = fminf(p.lo, v);
     p.hi = fmaxf(p.hi, v);
   };
-  float v[kRounds<T>][kGroup<T>];
-  for_slice_groups<T>(
-      begin, end, [&](int r, std::int64_t first) { load_group(x + first, v[r]); },
+  Vec<T> raw[kRounds<T>];
+  for_slice_groups<T, kRounds<T>>(
+      begin, end, [&](int r, std::int64_t first) { raw[r] = load_vec(x + first); },
       [&](int r, std::int64_t) {
+        float v[kGroup<T>];
+        unpack_group<T>(raw[r], v);
 #pragma unroll
-        for (int k = 0; k < kGroup<T>; ++k) take(v[r][k]);
+        for (int k = 0; k < kGroup<T>; ++k) take(v[k]);
       },
       [&](std::int64_t i) { take(static_cast<float>(load(x[i]))); });
   return p;
@@ -335,7 +369,7 @@ __device__ inline q::Grid grid_of(const std::uint8_t* header) {
   return q::make_grid(chunk_min, chunk_max);
 }
 
-// Grid as slice_stats_kernel's.
+// Grid: x = chunk, y strides over the chunk's spans.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     encode_kernel(const T* x, Chunking layout, std::uint8_t* out) {
@@ -346,20 +380,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
   const q::Grid grid = grid_of(header);
   std::uint8_t* codes = header + q::kHeaderBytes;
   const bool grouped = grouped_chunk(base, codes);
-  const std::int64_t slices = layout.slices(count);
-  for (std::int64_t s = blockIdx.y; s < slices; s += gridDim.y) {
-    const std::int64_t slice = slices - 1 - s;  // last first: those are still in L2
-    const std::int64_t begin = slice * kSliceElements;
-    const std::int64_t end = min(count, begin + kSliceElements);
+  const std::int64_t spans = (count + kSpan<T> - 1) / kSpan<T>;
+  for (std::int64_t s = blockIdx.y; s < spans; s += gridDim.y) {
+    const std::int64_t span = spans - 1 - s;  // last first: those are still in L2
+    const std::int64_t begin = span * kSpan<T>;
+    const std::int64_t end = min(count, begin + kSpan<T>);
     if constexpr (kGrouped<T>) {
       if (grouped) {
-        float v[kRounds<T>][kGroup<T>];
-        for_slice_groups<T>(
-            begin, end, [&](int r, std::int64_t first) { load_group(base + first, v[r]); },
+        Vec<T> raw[kSpanRounds<T>];
+        for_slice_groups<T, kSpanRounds<T>>(
+            begin, end, [&](int r, std::int64_t first) { raw[r] = load_vec(base + first); },
             [&](int r, std::int64_t first) {
+              float v[kGroup<T>];
+              unpack_group<T>(raw[r], v);
               std::uint8_t c[kGroup<T>];
 #pragma unroll
-              for (int k = 0; k < kGroup<T>; ++k) c[k] = q::quantize(v[r][k], grid);
+              for (int k = 0; k < kGroup<T>; ++k) c[k] = q::quantize(v[k], grid);
               store_codes<kGroup<T>>(codes + first, c);
             },
             [&](std::int64_t i) {
@@ -392,7 +428,7 @@ __device__ inline T decoded_element(const T* target, float decoded) {
   }
 }
 
-// The grouped path of decompress_kernel over one slice. The codes of all the
+// The grouped path of decompress_kernel over one span. The codes of all the
 // thread's groups are loaded first (a word each); the elements accumulated
 // onto are loaded one group at a time, which keeps the kernel at ~40
 // registers: occupancy, not a deep pipeline, hides the latency.
@@ -400,8 +436,8 @@ template <typename T, bool Accumulate>
 __device__ inline void decompress_groups(const std::uint8_t* codes, const q::Grid& grid, T* base,
                                          std::int64_t begin, std::int64_t end) {
   constexpr int G = kGroup<T>;
-  CodeWord<G> words[kRounds<T>];
-  for_slice_groups<T>(
+  CodeWord<G> words[kSpanRounds<T>];
+  for_slice_groups<T, kSpanRounds<T>>(
       begin, end, [&](int r, std::int64_t first) { words[r] = load_codes<G>(codes + first); },
       [&](int r, std::int64_t first) {
         float decoded[G];
@@ -418,7 +454,7 @@ __device__ inline void decompress_groups(const std::uint8_t* codes, const q::Gri
       });
 }
 
-// Grid as slice_stats_kernel's.
+// Grid as encode_kernel's.
 template <typename T, bool Accumulate>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     decompress_kernel(const std::uint8_t* in, Chunking layout, T* out) {
@@ -429,23 +465,24 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
   const std::uint8_t* codes = header + q::kHeaderBytes;
   T* base = out + chunk * layout.chunk_elements;
   const bool grouped = grouped_chunk<T>(base, codes);
-  for (std::int64_t slice = blockIdx.y; slice < layout.slices(count); slice += gridDim.y) {
-    const std::int64_t begin = slice * kSliceElements;
-    const std::int64_t end = min(count, begin + kSliceElements);
+  const std::int64_t spans = (count + kSpan<T> - 1) / kSpan<T>;
+  for (std::int64_t span = blockIdx.y; span < spans; span += gridDim.y) {
+    const std::int64_t begin = span * kSpan<T>;
+    const std::int64_t end = min(count, begin + kSpan<T>);
     if constexpr (kGrouped<T>) {
       if (grouped) {
         decompress_groups<T, Accumulate>(codes, grid, base, begin, end);
         continue;
       }
     }
-    for_slice<kUnroll<T>>(begin, end, [&](std::int64_t first, std::int64_t stride, int k) {
-      std::uint8_t code[kUnroll<T>];
+    for_slice<4>(begin, end, [&](std::int64_t first, std::int64_t stride, int k) {
+      std::uint8_t code[4];
 #pragma unroll
-      for (int u = 0; u < kUnroll<T>; ++u) {
+      for (int u = 0; u < 4; ++u) {
         if (u < k) code[u] = codes[first + u * stride];
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll<T>; ++u) {
+      for (int u = 0; u < 4; ++u) {
         if (u < k) {
           T* target = base + first + u * stride;
           *target = decoded_element<T, Accumulate>(target, q::dequantize(code[u], grid));
@@ -455,12 +492,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
   }
 }
 
-// (chunks, slices of a full chunk) as a launch grid; chunks on x (up to
-// 2^31 - 1), slices on y (the kernels stride when a chunk has more).
-dim3 slice_grid(std::int64_t numel, std::int64_t chunk_elements) {
+// (chunks, pieces of `piece` elements in a full chunk) as a launch grid:
+// chunks on x (up to 2^31 - 1), pieces on y (the kernels stride when a chunk
+// has more). Pieces are slices for the stats, spans for encode and decompress.
+dim3 slice_grid(std::int64_t numel, std::int64_t chunk_elements, std::int64_t piece) {
   const std::int64_t chunks = (numel + chunk_elements - 1) / chunk_elements;
-  const std::int64_t slices =
-      (std::min(chunk_elements, numel) + kSliceElements - 1) / kSliceElements;
+  const std::int64_t slices = (std::min(chunk_elements, numel) + piece - 1) / piece;
   return dim3(static_cast<unsigned>(chunks),
               static_cast<unsigned>(std::min<std::int64_t>(slices, kMaxGridY)));
 }
@@ -483,16 +520,17 @@ const char* minmax_uint8_compress(const void* x, std::int64_t numel, int dtype,
                                   std::int64_t chunk_elements, void* out, void* stream) noexcept {
   if (numel == 0) return nullptr;
   if (chunk_elements <= 0) return "minmax_uint8_compress: chunk_elements must be positive";
-  const dim3 grid = slice_grid(numel, chunk_elements);
   const Chunking layout{numel, chunk_elements};
   auto* packed = static_cast<std::uint8_t*>(out);
   const auto s = static_cast<cudaStream_t>(stream);
   return dispatch_float(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* input = static_cast<const T*>(x);
-    slice_stats_kernel<T><<<grid, kThreads, 0, s>>>(input, layout, packed);
-    chunk_header_kernel<T><<<grid.x, kThreads, 0, s>>>(input, layout, packed);
-    encode_kernel<T><<<grid, kThreads, 0, s>>>(input, layout, packed);
+    const dim3 slices = slice_grid(numel, chunk_elements, kSliceElements);
+    slice_stats_kernel<T><<<slices, kThreads, 0, s>>>(input, layout, packed);
+    chunk_header_kernel<T><<<slices.x, kThreads, 0, s>>>(input, layout, packed);
+    encode_kernel<T>
+        <<<slice_grid(numel, chunk_elements, kSpan<T>), kThreads, 0, s>>>(input, layout, packed);
   });
 }
 
@@ -501,9 +539,9 @@ const char* minmax_uint8_decompress(const void* in, std::int64_t numel, int dtyp
                                     void* stream) noexcept {
   if (numel == 0) return nullptr;
   if (chunk_elements <= 0) return "minmax_uint8_decompress: chunk_elements must be positive";
-  const dim3 grid = slice_grid(numel, chunk_elements);
   return dispatch_float(dtype, [&](auto tag) {
     using T = decltype(tag);
+    const dim3 grid = slice_grid(numel, chunk_elements, kSpan<T>);
     const auto* packed = static_cast<const std::uint8_t*>(in);
     const Chunking layout{numel, chunk_elements};
     const auto s = static_cast<cudaStream_t>(stream);
