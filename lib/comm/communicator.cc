@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -163,28 +165,68 @@ void Communicator::check_group(std::span<const int> ranks) const {
   }
 }
 
-void Communicator::verify_same_call(std::string_view op, const TensorView& tensor, int root) {
-  constexpr int kFields = 4;
+namespace {
+
+// A refusal travels in a fixed-size buffer (only when some rank refused).
+constexpr std::size_t kRefusalBytes = 512;
+
+}  // namespace
+
+void Communicator::raise_refusals(std::string_view op, std::string_view refusal) {
+  std::vector<char> mine(kRefusalBytes, '\0');
+  std::copy_n(refusal.begin(), std::min(refusal.size(), kRefusalBytes - 1), mine.begin());
+  std::vector<char> all(kRefusalBytes * static_cast<std::size_t>(size()));
+  allgather(TensorView{mine.data(), static_cast<std::int64_t>(kRefusalBytes), DType::kUInt8, {}},
+            TensorView{all.data(), static_cast<std::int64_t>(all.size()), DType::kUInt8, {}});
+  // Ranks that give the same reason are named together.
+  std::vector<std::pair<std::string, std::vector<int>>> reasons;
+  for (int r = 0; r < size(); ++r) {
+    const std::string text(&all[kRefusalBytes * static_cast<std::size_t>(r)]);
+    if (text.empty()) continue;
+    const auto same = std::find_if(reasons.begin(), reasons.end(),
+                                   [&](const auto& reason) { return reason.first == text; });
+    if (same == reasons.end()) {
+      reasons.push_back({text, {r}});
+    } else {
+      same->second.push_back(r);
+    }
+  }
+  std::string detail;
+  for (const auto& [text, ranks] : reasons) {
+    detail += fmt::format("{}{} {}: {}", detail.empty() ? "" : "; ",
+                          ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "), text);
+  }
+  throw InvalidArgument(
+      fmt::format("{} on rank {} of {}: the call was refused, so no rank runs it: {}", op, rank(),
+                  size(), detail));
+}
+
+void Communicator::verify_same_call(std::string_view op, const TensorView& tensor, int root,
+                                    std::string_view refusal) {
+  constexpr int kFields = 5;
   std::array<std::int64_t, kFields> mine{stable_hash(op), tensor.numel,
-                                         static_cast<std::int64_t>(tensor.dtype), root};
+                                         static_cast<std::int64_t>(tensor.dtype), root,
+                                         refusal.empty() ? 0 : 1};
   std::vector<std::int64_t> all(static_cast<std::size_t>(kFields) * size());
   allgather(TensorView{mine.data(), kFields, DType::kInt64, {}},
             TensorView{all.data(), static_cast<std::int64_t>(all.size()), DType::kInt64, {}});
+  const auto field = [&](int r, int f) {
+    return all[static_cast<std::size_t>(r) * kFields + static_cast<std::size_t>(f)];
+  };
+  bool refused = false;
+  for (int r = 0; r < size(); ++r) refused = refused || field(r, 4) != 0;
+  if (refused) raise_refusals(op, refusal);
   bool same = true;
   for (int r = 1; r < size(); ++r) {
-    for (int f = 0; f < kFields; ++f) {
-      same = same &&
-             all[static_cast<std::size_t>(r) * kFields + static_cast<std::size_t>(f)] == all[f];
-    }
+    for (int f = 0; f < 4; ++f) same = same && field(r, f) == field(0, f);
   }
   if (same) return;
   std::string detail;
   for (int r = 0; r < size(); ++r) {
-    const auto* row = &all[static_cast<std::size_t>(r) * kFields];
     detail += fmt::format("{}rank {}: {}[{}]{}", r == 0 ? "" : "; ", r,
-                          to_string(static_cast<DType>(row[2])), row[1],
-                          row[0] == mine[0] ? "" : " (a different op)");
-    if (row[3] >= 0) detail += fmt::format(" root {}", row[3]);
+                          to_string(static_cast<DType>(field(r, 2))), field(r, 1),
+                          field(r, 0) == mine[0] ? "" : " (a different op)");
+    if (field(r, 3) >= 0) detail += fmt::format(" root {}", field(r, 3));
   }
   throw InvalidArgument(fmt::format("{} on rank {} of {}: the ranks passed different tensors: {}",
                                     op, rank(), size(), detail));

@@ -121,8 +121,8 @@ void bind_collectives(py::class_<Communicator, CommPtr>& c) {
              bool verify) {
             comm.partial_allreduce(s, r, members, parse_reduce_op(op), group_id, verify);
           },
-          py::arg("send"), py::arg("recv"), py::arg("members"), py::arg("op"),
-          py::arg("group_id"), py::arg("verify") = false, ReleaseGil())
+          py::arg("send"), py::arg("recv"), py::arg("members"), py::arg("op"), py::arg("group_id"),
+          py::arg("verify") = false, ReleaseGil())
       .def(
           "next_partial_id",
           [](Communicator& comm, const std::vector<int>& members) {
@@ -147,7 +147,7 @@ void bind_communicator(py::module_& m) {
           py::arg("device"))
       .def("abort", &Communicator::abort)
       .def("verify_same_call", &Communicator::verify_same_call, py::arg("op"), py::arg("tensor"),
-           py::arg("root") = -1, ReleaseGil())
+           py::arg("root") = -1, py::arg("refusal") = "", ReleaseGil())
       .def(
           "new_group",
           [](Communicator& comm, std::vector<int> ranks) -> CommPtr {

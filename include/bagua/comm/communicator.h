@@ -136,10 +136,18 @@ class Communicator {
 
   // Collective: checks that every rank passes the same op, element count and
   // dtype (and root), so a mismatch is an InvalidArgument on every rank rather
-  // than a hang or garbage. Costs one small allgather.
-  void verify_same_call(std::string_view op, const TensorView& tensor, int root = -1);
+  // than a hang or garbage. Costs one small allgather. A rank that found its
+  // own arguments wrong passes the reason as `refusal`: then every rank
+  // raises InvalidArgument with every refusing rank's reason (a second
+  // allgather, on that path only), instead of the others waiting in a
+  // collective it never joins.
+  void verify_same_call(std::string_view op, const TensorView& tensor, int root = -1,
+                        std::string_view refusal = {});
 
   const CommCounters& counters() const { return counters_; }
+
+ private:
+  [[noreturn]] void raise_refusals(std::string_view op, std::string_view refusal);
 
  protected:
   // The backends' implementations, called with checked arguments and at

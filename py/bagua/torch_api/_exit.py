@@ -46,6 +46,10 @@ def shutdown() -> None:
     for engine in list(_engines):
         try:
             engine.remove()
+            # A training step run later (from an exit handler registered
+            # before init_process_group) would no longer communicate: the
+            # ranks would drift apart without a word. Refuse it instead.
+            engine.module.register_forward_pre_hook(_refuse_after_shutdown)
         except Exception as error:  # noqa: BLE001 - exiting: report, stop the rest
             log("warn", f"at exit, stopping {getattr(engine, 'bagua_module_name', 'a module')}: {error}")
     _engines.clear()
@@ -56,3 +60,9 @@ def shutdown() -> None:
             dist.destroy_process_group()
         except Exception as error:  # noqa: BLE001
             log("warn", f"at exit, destroying torch.distributed's process group: {error}")
+
+
+def _refuse_after_shutdown(module, inputs):
+    raise RuntimeError(
+        f"{type(module).__name__} was wrapped with with_bagua, and bagua shut down at exit: its forward "
+        "would train without communicating. Run the training before the interpreter exits.")

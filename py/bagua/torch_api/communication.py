@@ -16,6 +16,7 @@ re-exports them, since Bagua's users import both from here.
 
 import contextlib
 import enum
+import functools
 import threading
 from typing import Optional
 
@@ -105,6 +106,36 @@ def _checks_enabled() -> bool:
     return bool(core.env().check_collectives) and not getattr(_known_to_match, "active", False)
 
 
+# The _Call of the collective running on this thread (see _agreed).
+_current = threading.local()
+
+
+def _agreed(primitive):
+    """For a collective that compares its calls across ranks: an argument
+    error this rank finds before the comparison is shared with the other
+    ranks through it, and every rank raises it. Otherwise the others would
+    wait in a collective this rank never joins (a root-only check, a tensor
+    that differs on one rank). Not where the comparison is off
+    (BAGUA_CHECK_COLLECTIVES=0): then the error stays on this rank."""
+
+    @functools.wraps(primitive)
+    def agreed(*args, **kwargs):
+        outer = getattr(_current, "call", None)
+        _current.call = None
+        try:
+            return primitive(*args, **kwargs)
+        except InvalidArgumentError as error:
+            call = _current.call
+            if getattr(error, "shared", False) or call is None or call.compared or call.size <= 1 \
+                    or not _checks_enabled():
+                raise
+            call.refuse(str(error))
+        finally:
+            _current.call = outer
+
+    return agreed
+
+
 class _Call:
     """One call of a primitive ``op``: the part every primitive shares.
 
@@ -118,6 +149,8 @@ class _Call:
     def __init__(self, op: str, comm, **tensors):
         self.op = op
         self.comm = _resolve(comm)
+        self.compared = False  # whether the ranks compared this call yet
+        _current.call = self
         for name, tensor in tensors.items():
             check_tensor(tensor, name)
 
@@ -161,6 +194,7 @@ class _Call:
         """Runs the op on ``inputs`` then ``outputs`` (views, in that order)
         and ``args``; first, unless ``verify`` is None, every rank checks that
         all passed a tensor of ``verify``'s size and dtype (and ``root``)."""
+        self.compared = True
         if verify is not None and _checks_enabled() and self.size > 1:
             # A view of no memory: only its size and dtype are compared.
             shape = core.TensorView(0, verify.numel(), dtype_name(verify.dtype), "cpu")
@@ -171,6 +205,18 @@ class _Call:
         for t in outputs:
             if reached[id(t)] is not t:
                 t.copy_(reached[id(t)])
+
+
+    def refuse(self, reason: str) -> None:
+        """Takes part in the ranks' comparison of this call with ``reason``
+        for refusing it: every rank raises the refusals (InvalidArgumentError)."""
+        self.compared = True
+        try:
+            self.comm.verify_same_call(self.op, core.TensorView(0, 0, "uint8", "cpu"), -1, reason)
+        except InvalidArgumentError as shared:
+            shared.shared = True
+            raise shared from None
+        raise AssertionError("verify_same_call accepted a refused call")
 
 
 def _reachable(comm, tensor):
@@ -185,6 +231,7 @@ def _reachable(comm, tensor):
     return tensor
 
 
+@_agreed
 def allreduce(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None) -> None:
     """recv_tensor = op over ranks of send_tensor."""
     call = _Call("allreduce", comm, send_tensor=send_tensor, recv_tensor=recv_tensor)
@@ -192,10 +239,12 @@ def allreduce(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None) -> None:
     call.run([send_tensor], [recv_tensor], _op_name(op), verify=send_tensor)
 
 
+@_agreed
 def allreduce_inplace(tensor, op=ReduceOp.SUM, comm=None) -> None:
     allreduce(tensor, tensor, op, comm)
 
 
+@_agreed
 def low_precision_average_inplace(tensor, comm=None) -> None:
     """Averages ``tensor`` over all ranks with MinMaxUInt8 codes on the wire
     (about a quarter of the bytes of ``allreduce``): a scatter of 8-bit
@@ -206,6 +255,7 @@ def low_precision_average_inplace(tensor, comm=None) -> None:
     call = _Call("low_precision_average", comm, tensor=tensor)
     if call.size == 1:
         return
+    call.compared = True
     if _checks_enabled():
         call.comm.verify_same_call(call.op, core.TensorView(0, tensor.numel(), "float32", "cpu"), -1)
     members = list(range(call.size))
@@ -217,6 +267,7 @@ def low_precision_average_inplace(tensor, comm=None) -> None:
         tensor.copy_(work)
 
 
+@_agreed
 def reduce(send_tensor, recv_tensor, dst: int, op=ReduceOp.SUM, comm=None) -> None:
     """recv_tensor on rank ``dst`` = op over ranks of send_tensor."""
     call = _Call("reduce", comm, send_tensor=send_tensor, recv_tensor=recv_tensor)
@@ -225,10 +276,12 @@ def reduce(send_tensor, recv_tensor, dst: int, op=ReduceOp.SUM, comm=None) -> No
     call.run([send_tensor], [recv_tensor], dst, _op_name(op), verify=send_tensor, root=dst)
 
 
+@_agreed
 def reduce_inplace(tensor, dst: int, op=ReduceOp.SUM, comm=None) -> None:
     reduce(tensor, tensor, dst, op, comm)
 
 
+@_agreed
 def broadcast(tensor, src: int = 0, comm=None) -> None:
     """tensor on every rank = tensor on rank ``src``."""
     call = _Call("broadcast", comm, tensor=tensor)
@@ -237,6 +290,7 @@ def broadcast(tensor, src: int = 0, comm=None) -> None:
     call.run([], [tensor], src, verify=tensor, root=src)
 
 
+@_agreed
 def allgather(send_tensor, recv_tensor, comm=None) -> None:
     """recv_tensor = concatenation over ranks of send_tensor."""
     call = _Call("allgather", comm, send_tensor=send_tensor, recv_tensor=recv_tensor)
@@ -244,6 +298,7 @@ def allgather(send_tensor, recv_tensor, comm=None) -> None:
     call.run([send_tensor], [recv_tensor], verify=send_tensor)
 
 
+@_agreed
 def allgather_inplace(tensor, comm=None) -> None:
     """Each rank's chunk of ``tensor`` (chunk ``rank``) is gathered to all."""
     call = _Call("allgather_inplace", comm, tensor=tensor)
@@ -252,6 +307,7 @@ def allgather_inplace(tensor, comm=None) -> None:
     allgather(mine, tensor, comm)
 
 
+@_agreed
 def gather(send_tensor, recv_tensor, dst: int, comm=None) -> None:
     """recv_tensor on rank ``dst`` = concatenation over ranks of send_tensor."""
     call = _Call("gather", comm, send_tensor=send_tensor, recv_tensor=recv_tensor)
@@ -260,6 +316,7 @@ def gather(send_tensor, recv_tensor, dst: int, comm=None) -> None:
     call.run([send_tensor], [recv_tensor], dst, verify=send_tensor, root=dst)
 
 
+@_agreed
 def scatter(send_tensor, recv_tensor, src: int, comm=None) -> None:
     """recv_tensor on rank r = chunk r of send_tensor on rank ``src``."""
     call = _Call("scatter", comm, send_tensor=send_tensor, recv_tensor=recv_tensor)
@@ -268,6 +325,7 @@ def scatter(send_tensor, recv_tensor, src: int, comm=None) -> None:
     call.run([send_tensor], [recv_tensor], src, verify=recv_tensor, root=src)
 
 
+@_agreed
 def reduce_scatter(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None) -> None:
     """recv_tensor on rank r = op over ranks of chunk r of send_tensor."""
     call = _Call("reduce_scatter", comm, send_tensor=send_tensor, recv_tensor=recv_tensor)
@@ -275,6 +333,7 @@ def reduce_scatter(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None) -> None
     call.run([send_tensor], [recv_tensor], _op_name(op), verify=send_tensor)
 
 
+@_agreed
 def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, comm=None) -> None:
     """Chunk ``rank`` of ``tensor`` becomes the reduction of that chunk over ranks."""
     call = _Call("reduce_scatter_inplace", comm, tensor=tensor)
@@ -284,6 +343,7 @@ def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, comm=None) -> None:
     tensor.view(-1)[call.rank * chunk:(call.rank + 1) * chunk].copy_(out)
 
 
+@_agreed
 def alltoall(send_tensor, recv_tensor, comm=None) -> None:
     """Chunk j of recv_tensor on rank i = chunk i of send_tensor on rank j."""
     call = _Call("alltoall", comm, send_tensor=send_tensor, recv_tensor=recv_tensor)
@@ -292,6 +352,7 @@ def alltoall(send_tensor, recv_tensor, comm=None) -> None:
     call.run([send_tensor], [recv_tensor], verify=send_tensor)
 
 
+@_agreed
 def alltoall_inplace(tensor, comm=None) -> None:
     out = torch.empty_like(tensor)
     alltoall(tensor, out, comm)

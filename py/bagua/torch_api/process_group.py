@@ -197,7 +197,7 @@ def _torch_store(world_size: int) -> _Rendezvous:
         return _pending_rendezvous  # a retry after a failed call
     timeout = timedelta(seconds=core.env().comm_timeout_s)  # raises on a bad value
     # What dist.init_process_group("gloo") does, split in two.
-    raw, rank, world_size = next(dist.rendezvous("env://", env.get_rank(), world_size, timeout=timeout))
+    raw, rank, world_size = _store_rendezvous(env.get_rank(), world_size, timeout)
     raw.set_timeout(timeout)
     store = dist.PrefixStore("default_pg", raw)
 
@@ -208,6 +208,45 @@ def _torch_store(world_size: int) -> _Rendezvous:
 
     _pending_rendezvous = _Rendezvous(key, store, init_torch)
     return _pending_rendezvous
+
+
+def _store_rendezvous(rank: int, world_size: int, timeout: timedelta):
+    """torch's env:// rendezvous: rank 0 hosts a TCPStore on MASTER_PORT, the
+    others connect to it. A port another program holds is a StoreError on
+    rank 0 that names it, and a CommTimeoutError within ``timeout`` on the
+    other ranks (see _check_store_answers)."""
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    if rank != 0:
+        _check_store_answers(rank, world_size, timeout, where)
+    try:
+        return next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+    except RuntimeError as error:
+        if "address already in use" not in str(error).lower():
+            raise
+        raise core.StoreError(
+            f"init_process_group on rank {rank}: MASTER_PORT {os.environ['MASTER_PORT']} is in use by "
+            f"another program, so rank 0 cannot host the store at {where}; choose a free port") from error
+
+
+def _check_store_answers(rank: int, world_size: int, timeout: timedelta, where: str) -> None:
+    """Whatever listens at ``where`` answers as a store, within ``timeout``.
+    torch's rendezvous client waits for the store's handshake with no limit
+    (with another program on MASTER_PORT, torch 1.13 waited until that
+    program hung up: 88 s with a 5 s timeout). A client that does not wait
+    for the workers, one key set and waited for, is bounded by the timeout.
+    (torch 2.x's client checks the server itself when it connects, but with
+    retries that outlast the timeout: docs/errors.md.)"""
+    try:
+        probe = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False,
+                              timeout, wait_for_workers=False)
+        key = f"bagua/store_answers/{rank}"
+        probe.set(key, "1")
+        probe.wait([key], timeout)
+    except RuntimeError as error:
+        raise core.CommTimeoutError(
+            f"init_process_group on rank {rank}: what listens at {where} (MASTER_ADDR:MASTER_PORT) did not "
+            f"answer as rank 0's store within {timeout.total_seconds():g} s (BAGUA_COMM_TIMEOUT_S): rank 0 "
+            f"did not start it, or another program holds that port ({error})") from None
 
 
 def _network_identity() -> str:

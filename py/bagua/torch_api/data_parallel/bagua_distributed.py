@@ -19,7 +19,7 @@ from bagua.torch_api import timeline
 from bagua.torch_api._core import InvalidArgumentError, core, log
 from bagua.torch_api.data_parallel import planning
 from bagua.torch_api.data_parallel.hooks import StepHooks
-from bagua.torch_api.data_parallel.state import broadcast_states
+from bagua.torch_api.data_parallel.state import broadcast_states, check_same_model, check_trainable
 from bagua.torch_api.process_group import BaguaProcessGroup, _get_default_group
 from bagua.torch_api.tensor import BaguaTensor
 
@@ -67,6 +67,8 @@ class BaguaDistributedDataParallel:
         self.bagua_module_name = f"{type(module).__name__}_{next(_module_ids)}"
         self.bucket_bytes = core.env().default_bucket_size
 
+        check_same_model(self.module, self.process_group)
+        check_trainable(self.module)
         broadcast_states(self.module, self.optimizers, self.process_group)
         self.bagua_algorithm_impl = algorithm.reify(self.process_group)
         self._timeline = timeline.get(self.process_group.get_rank())
