@@ -6,6 +6,7 @@ that the two agree."""
 import re
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -209,3 +210,22 @@ def test_the_catalogue_lists_every_case_and_its_test():
         source = (tests / module).read_text()
         assert not function or f"def {function}(" in source, (case, test)
         assert test in text, f"docs/errors.md does not name {test} for {case}"
+
+
+def test_soak_script_runs_short(tmp_path):
+    """bench/soak.py end to end at a small scale (the long run's figures are
+    in docs/benchmarks.md): replicas equal where the algorithm makes them so."""
+    import json
+    import os
+
+    out = tmp_path / "soak.json"
+    script = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
+    subprocess.run([sys.executable, str(script), "--world-size", "2", "--steps", "30", "--cycles", "8",
+                    "--json", str(out)], check=True, timeout=300, stdout=subprocess.DEVNULL,
+                   env=dict(os.environ, BAGUA_COMM_TIMEOUT_S="60"))
+    result = json.loads(out.read_text())
+    assert result["abort_resume"]["cycles"] == 8
+    for name, r in result["algorithms"].items():
+        assert r["steps"] == 30
+        if r["max_replica_difference"] is not None:
+            assert r["max_replica_difference"] == 0.0, (name, r["max_replica_difference"])
