@@ -134,8 +134,7 @@ void AsyncModelAverageOp::abort() {
 
 void AsyncModelAverageOp::resume() {
   std::lock_guard lock(state_mutex_);
-  BAGUA_CHECK_ARG(status_ != AsyncStatus::kRunning, "rank {}: resume() while already running",
-                  comm_->rank());
+  if (status_ == AsyncStatus::kRunning) return;  // as abort(): a second call changes nothing
   start_locked();
 }
 
@@ -356,9 +355,10 @@ std::pair<double, double> AsyncModelAverageOp::drift_squared() {
     const TensorView sum{sum_.data(), numel_, dtype_, device_};
     auto* d_out = static_cast<double*>(drift_out_.data());
     compute_->zero(d_out, 2 * sizeof(double));
-    compute_->run_custom([] {}, [&](void* stream) {
-      cuda_async_average_drift(sum, snapshot, comm_->size(), d_out, stream);
-    });
+    compute_->run_custom([] {},
+                         [&](void* stream) {
+                           cuda_async_average_drift(sum, snapshot, comm_->size(), d_out, stream);
+                         });
     double host[2] = {0, 0};
     cuda_copy_async(host, d_out, sizeof host, stream_.get());
     compute_->finish(fmt::format("rank {}: asynchronous model average drift", comm_->rank()),
@@ -410,8 +410,7 @@ void AsyncModelAverageOp::log_stats(std::string_view when, const AsyncRoundStats
       s.last_round_steps, s.max_round_steps,
       options_.max_staleness_steps > 0 ? std::to_string(options_.max_staleness_steps) : "none",
       s.total_round_ms / rounds, s.last_round_ms, s.max_round_ms, std::sqrt(s.last_drift_sq),
-      relative, std::sqrt(s.max_drift_sq),
-      s.staleness_waits, s.staleness_wait_ms);
+      relative, std::sqrt(s.max_drift_sq), s.staleness_waits, s.staleness_wait_ms);
 }
 
 }  // namespace bagua

@@ -29,6 +29,7 @@ from bagua.torch_api import communication as _primitives
 from bagua.torch_api import env, timeline
 from bagua.torch_api._core import InvalidArgumentError, check_tensor, core
 from bagua.torch_api.communication import ReduceOp
+from bagua.torch_api import process_group as _process_group_module
 from bagua.torch_api.process_group import BaguaProcessGroup, _get_default_group, new_group
 
 try:  # Bagua pickles with cloudpickle (lambdas, local classes) when it is there
@@ -39,7 +40,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = [
     "CommMember", "from_torch_group", "get_backend", "broadcast_object", "broadcast_coalesced",
     "allreduce_coalesced_inplace", "gather_inplace", "scatter_inplace", "alltoall_v",
-    "alltoall_v_inplace",
+    "alltoall_v_inplace", "init_bagua_communicator",
 ]
 
 
@@ -62,11 +63,14 @@ class CommMember:
     ``NON_COMM_MEMBER`` what a rank outside a group holds."""
 
     WORLD = _DefaultGroup()
-    NON_COMM_MEMBER = object()
+    NON_COMM_MEMBER = _process_group_module.NON_COMM_MEMBER
 
 
 def _not_member(comm) -> bool:
-    return comm is CommMember.NON_COMM_MEMBER
+    """Bagua's marker, or a group this rank is not in: calls do nothing."""
+    if comm is CommMember.NON_COMM_MEMBER:
+        return True
+    return isinstance(comm, BaguaProcessGroup) and not isinstance(comm, _DefaultGroup) and not comm.is_member()
 
 
 def _communicator(comm):
@@ -328,6 +332,18 @@ class _NamedBackend(core.Backend):
     def __init__(self, model_name: str, rank: int):
         super().__init__(rank, timeline=timeline.get(rank))
         self.model_name = model_name
+
+
+def init_bagua_communicator(model_name: str, stream=None, leader_name: str = "") -> core.Communicator:
+    """Bagua 0.8's way to a communicator of all ranks for one model: a new
+    group of every rank (collective: every rank must call it), its
+    communicator returned. ``stream`` and ``leader_name`` are accepted for
+    the signature (collectives are ordered on the group's own stream)."""
+    del stream, leader_name  # accepted for Bagua's signature
+    group = new_group(list(range(_get_default_group().get_size())))
+    communicator = group.get_global_communicator()
+    communicator.model_name = model_name
+    return communicator
 
 
 @lru_cache(maxsize=None)

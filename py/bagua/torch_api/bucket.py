@@ -149,6 +149,8 @@ class BaguaBucket:
             group.get_bucket_communicator(), hierarchy, *views,
             core.LowPrecisionDecentralizedOptions(hierarchical=hierarchical))
         self._keep_alive.extend(copies)
+        # Bagua's names for the copies, which its users read
+        self._weight, self._left_peer_weight, self._right_peer_weight = copies
         return self
 
     def append_decentralized_synchronous_op(self, peer_weight, hierarchical: bool = True,
@@ -171,6 +173,7 @@ class BaguaBucket:
             group.get_bucket_communicator(), hierarchy,
             tensor_view(peer_weight, "peer_weight", allow_cuda=True), options)
         self._keep_alive.append(peer_weight)
+        self._peer_weight = peer_weight  # Bagua's name: the last exchange's average
         return DecentralizedSynchronousOp(op)
 
     def append_asynchronous_model_average_op(self, peer_selection_mode: str = "all", group=None,

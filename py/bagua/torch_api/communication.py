@@ -74,10 +74,19 @@ def _op_name(op) -> str:
         ) from None
 
 
+class _NotAMember(Exception):
+    """Raised by _resolve for a group this rank is not in: the primitive
+    returns without doing anything (Bagua's semantics for NON_COMM_MEMBER)."""
+
+
 def _resolve(comm) -> "core.Communicator":
+    if comm is _process_group.NON_COMM_MEMBER:
+        raise _NotAMember()
     if comm is None:
         return _require_init("communication").get_global_communicator()
     if isinstance(comm, BaguaProcessGroup):
+        if not comm.is_member():
+            raise _NotAMember()
         return comm.get_global_communicator()
     if isinstance(comm, core.Communicator):
         return comm
@@ -124,6 +133,8 @@ def _agreed(primitive):
         _current.call = None
         try:
             return primitive(*args, **kwargs)
+        except _NotAMember:
+            return None
         except InvalidArgumentError as error:
             call = _current.call
             if getattr(error, "shared", False) or call is None or call.compared or call.size <= 1 \
@@ -134,6 +145,19 @@ def _agreed(primitive):
             _current.call = outer
 
     return agreed
+
+
+def _members_only(primitive):
+    """A primitive called with a group this rank is not in does nothing."""
+
+    @functools.wraps(primitive)
+    def members_only(*args, **kwargs):
+        try:
+            return primitive(*args, **kwargs)
+        except _NotAMember:
+            return None
+
+    return members_only
 
 
 class _Call:
@@ -359,6 +383,7 @@ def alltoall_inplace(tensor, comm=None) -> None:
     tensor.copy_(out)
 
 
+@_members_only
 def send(tensor, dst: int, comm=None) -> None:
     """Sends ``tensor`` to rank ``dst``, which must post a matching :func:`recv`."""
     call = _Call("send", comm, tensor=tensor)
@@ -366,6 +391,7 @@ def send(tensor, dst: int, comm=None) -> None:
     call.run([tensor], [], dst)
 
 
+@_members_only
 def recv(tensor, src: int, comm=None) -> None:
     """Receives into ``tensor`` what rank ``src`` sends."""
     call = _Call("recv", comm, tensor=tensor)
@@ -373,6 +399,7 @@ def recv(tensor, src: int, comm=None) -> None:
     call.run([], [tensor], src)
 
 
+@_members_only
 def barrier(comm=None) -> None:
     _resolve(comm).barrier()
 
@@ -396,6 +423,7 @@ def _member_list(op: str, ranks, rank: int, size: int) -> list:
     return sorted(members)
 
 
+@_members_only
 def partial_allreduce(send_tensor, recv_tensor, ranks, op=ReduceOp.AVG, comm=None, group_id=None) -> None:
     """recv_tensor on every rank of ``ranks`` = op over those ranks' send_tensor (P-Reduce).
 
@@ -420,6 +448,7 @@ def partial_allreduce(send_tensor, recv_tensor, ranks, op=ReduceOp.AVG, comm=Non
     call.run([send_tensor], [recv_tensor], members, _op_name(op), group_id, verify)
 
 
+@_members_only
 def partial_allreduce_inplace(tensor, ranks, op=ReduceOp.AVG, comm=None, group_id=None) -> None:
     partial_allreduce(tensor, tensor, ranks, op, comm, group_id)
 

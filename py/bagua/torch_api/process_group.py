@@ -29,6 +29,16 @@ __all__ = [
 ]
 
 
+class _NonCommMember:
+    """What a rank outside a group holds instead of its communicator."""
+
+    def __repr__(self) -> str:
+        return "CommMember.NON_COMM_MEMBER"
+
+
+NON_COMM_MEMBER = _NonCommMember()
+
+
 class BaguaProcessGroup:
     """A set of ranks that communicate together.
 
@@ -58,7 +68,15 @@ class BaguaProcessGroup:
         return self._communicator is not None
 
     def get_global_communicator(self):
-        """The communicator of calls made from the training thread."""
+        """The communicator of calls made from the training thread; on a rank
+        outside the group, Bagua's ``NON_COMM_MEMBER``, with which every
+        primitive does nothing."""
+        if self._communicator is None:
+            return NON_COMM_MEMBER
+        return self._communicator
+
+    def _member_communicator(self):
+        """The communicator, for what only the group's members can build."""
         if self._communicator is None:
             raise RuntimeError(
                 f"rank {get_rank()} is not a member of process group {self.group_name} (ranks "
@@ -73,7 +91,7 @@ class BaguaProcessGroup:
             if self._bucket_communicator is None:
                 # On NCCL its collectives share the communication stream with
                 # the ops' kernels and the ready-event waits.
-                self._bucket_communicator = self.get_global_communicator().new_bucket_group(
+                self._bucket_communicator = self._member_communicator().new_bucket_group(
                     list(range(self.get_size())))
             return self._bucket_communicator
 
@@ -81,7 +99,7 @@ class BaguaProcessGroup:
         """A new communicator over the group, for an op that communicates on a
         thread of its own. Collective."""
         with self._lock:
-            return self.get_global_communicator().new_group(list(range(self.get_size())))
+            return self._member_communicator().new_group(list(range(self.get_size())))
 
     def get_hierarchical_communicators(self):
         """The intra-node / inter-node pair over the bucket communicator, nodes

@@ -67,6 +67,9 @@ class BaguaDistributedDataParallel:
         self.bagua_module_name = f"{type(module).__name__}_{next(_module_ids)}"
         self.bucket_bytes = core.env().default_bucket_size
 
+        if not self.process_group.is_member():
+            self._init_outside_the_group()
+            return
         check_same_model(self.module, self.process_group)
         check_trainable(self.module)
         broadcast_states(self.module, self.optimizers, self.process_group)
@@ -85,6 +88,17 @@ class BaguaDistributedDataParallel:
         self._reset_algorithm_buckets(self._initial_order(autotune))
         self._hooks = StepHooks(self, self._timeline)
         _exit.track_engine(self)
+
+    def _init_outside_the_group(self) -> None:
+        """This rank is not in the process group: as in Bagua, the module
+        trains here without communicating (the group's collectives do
+        nothing on a rank outside it). No buckets, no hooks; the algorithm's
+        ``abort``/``resume`` find nothing to stop or start."""
+        self.bagua_algorithm_impl = self.bagua_algorithm.reify(self.process_group)
+        self._bagua_backend = None
+        self.bagua_buckets, self.bagua_tensors, self._tensors_by_name = [], [], {}
+        self._profiled, self._pending_order, self._pending_residuals = False, None, {}
+        self.step_counter, self.autotuner, self._hooks = 0, None, None
 
     def _initial_order(self, autotune: Optional[bool]) -> Optional[List[str]]:
         """A saved plan (BAGUA_AUTOTUNE_PLAN) gives the bucket size and order;

@@ -48,6 +48,20 @@ def to_bagua_process_group(process_group=None) -> BaguaProcessGroup:
                                "ProcessGroup, a BaguaProcessGroup or None")
 
 
+def _release_previous_engine(module: Module) -> None:
+    """Wrapping a module again switches its algorithm, as in Bagua (its
+    test_model_switch): the engine of an earlier wrapper, or of
+    ``with_bagua``, is removed first (its hooks and background work), or both
+    engines' hooks would fire on every gradient."""
+    previous = getattr(module, "_bagua_data_parallel_engine", None)
+    engine = previous() if previous is not None else None
+    if engine is not None:
+        engine.remove()
+        module._bagua_data_parallel_engine = None
+    if getattr(module, "bagua_ddp", None) is not None and hasattr(module, "without_bagua"):
+        module.without_bagua()
+
+
 class _DistributedDataParallelEngine(BaguaDistributedDataParallel):
     """Bagua's engine with what its DDP wrapper adds: a chosen module name,
     ignored parameters, DDP's ``no_sync`` switch and the record of which
@@ -113,6 +127,8 @@ class _DistributedDataParallelEngine(BaguaDistributedDataParallel):
         """Gradients become ready only while synchronizing (outside
         ``no_sync``); each one is recorded for ``find_unused_parameters``."""
         hooks = self._hooks
+        if hooks is None:  # a rank outside the process group: no hooks at all
+            return
         on_grad_ready = hooks.on_grad_ready
         ref = weakref.ref(self)
 
@@ -202,10 +218,12 @@ class DistributedDataParallel_V1_9_0(DistributedDataParallel_V1_9_0_Interface):
         self.find_unused_parameters = find_unused_parameters
         if getattr(module, "_bagua_module_name", None) is None:
             module._bagua_module_name = f"{type(self).__name__}_{id(module)}"
+        _release_previous_engine(module)
         self.inner = _DistributedDataParallelEngine(
             module, optimizers or [], algorithm, process_group=to_bagua_process_group(process_group),
             bagua_module_name=module._bagua_module_name, gradient_as_bucket_view=gradient_as_bucket_view,
             find_unused_parameters=find_unused_parameters)
+        module._bagua_data_parallel_engine = weakref.ref(self.inner)
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)

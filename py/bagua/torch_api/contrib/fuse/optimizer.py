@@ -25,7 +25,8 @@ import torch
 
 from bagua.torch_api import InvalidArgumentError
 
-__all__ = ["fuse_optimizer", "fuse_step", "calculate_mutual_groups", "group_continuous_tensors"]
+__all__ = ["fuse_optimizer", "fuse_step", "calculate_mutual_groups", "group_continuous_tensors",
+           "FusedOptimizer"]
 
 
 # -- layout ---------------------------------------------------------------------------
@@ -266,3 +267,23 @@ def fused_parameter_counts(optimizer) -> List[int]:
     """Per ``fuse_step`` so far: how many parameters were updated inside
     fused runs (the rest were updated one by one)."""
     return list(getattr(optimizer, "_bagua_fused_runs", []))
+
+
+class FusedOptimizer:
+    """Bagua 0.8's form of :func:`fuse_optimizer`: ``FusedOptimizer(optimizer,
+    do_flatten=False)`` makes ``optimizer`` fusable in place (flattening its
+    parameters with ``do_flatten``) and stands for it, with ``step`` the fused
+    step. Everything else (``param_groups``, ``state``, ``zero_grad``,
+    ``state_dict``, ...) is the optimizer's own."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, do_flatten: bool = False):
+        self.optimizer = fuse_optimizer(optimizer, do_flatten=do_flatten)
+
+    def step(self, closure=None):
+        return self.optimizer.fuse_step(closure)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["optimizer"], name)
+
+    def __repr__(self) -> str:
+        return f"FusedOptimizer({self.optimizer!r})"
