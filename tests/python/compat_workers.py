@@ -518,6 +518,74 @@ def scenario_sync_bn_ddp(out_dir):
     _save(results, rank, out_dir)
 
 
+
+def scenario_upstream_findings(out_dir):
+    """What Bagua's own tests needed (issue 13's second round): a rank
+    outside a group, resume twice, the decentralized buckets' copies, a
+    second DistributedDataParallel on one module, init_bagua_communicator."""
+    from bagua.torch_api.algorithms import async_model_average, decentralized
+    from bagua.torch_api.data_parallel import DistributedDataParallel
+
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    results = {}
+    # A group without the last rank: its communicator is NON_COMM_MEMBER there.
+    group = bagua.communication.new_group(list(range(world - 1)))
+    t = torch.full((4,), float(rank + 1))
+    bagua.allreduce(t, t, comm=group.get_global_communicator())
+    results["sub_allreduce"] = t.clone()
+    results["non_member_marker"] = group.get_global_communicator() is comm_api.CommMember.NON_COMM_MEMBER
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    algorithm = async_model_average.AsyncModelAverageAlgorithm(sync_interval_ms=5)
+    model = model.with_bagua([opt], algorithm, process_group=group)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    algorithm.resume(model)
+    algorithm.resume(model)  # a second resume changes nothing
+    algorithm.abort(model)
+    algorithm.abort(model)
+    results["async_trained"] = not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    model.without_bagua()
+    # The decentralized buckets' copies, under Bagua's names.
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = model.with_bagua([opt], decentralized.DecentralizedAlgorithm(hierarchical=False))
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    results["peer_weight"] = model.bagua_ddp.bagua_buckets[0]._peer_weight.clone()
+    model.without_bagua()
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = model.with_bagua([opt], decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False))
+    bucket = model.bagua_ddp.bagua_buckets[0]
+    results["low_precision_copies"] = [tuple(x.shape) for x in (bucket._weight, bucket._left_peer_weight,
+                                                                 bucket._right_peer_weight)]
+    model.without_bagua()
+    # Two DistributedDataParallel wrappers of one module: the second replaces the first.
+    torch.manual_seed(0)
+    module = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    first = DistributedDataParallel(module, optimizers=[opt], algorithm=GradientAllReduceAlgorithm())
+    second = DistributedDataParallel(module, optimizers=[opt], algorithm=GradientAllReduceAlgorithm())
+    results["rewrap"] = _capture(lambda: [(opt.zero_grad(), second(torch.full((2, 4), float(rank))).sum().backward(),
+                                           opt.step()) for _ in range(2)])
+    results["rewrap_weight"] = module.weight.detach().clone()
+    del first
+    # Bagua 0.8's communicator of all ranks.
+    communicator = comm_api.init_bagua_communicator(model_name="compat")
+    data = torch.full((3,), float(rank))
+    communicator.allreduce_inplace(data, bagua.ReduceOp.SUM)
+    results["init_bagua_communicator"] = (communicator.nranks(), data.clone())
+    _save(results, rank, out_dir)
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

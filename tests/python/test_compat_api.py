@@ -403,3 +403,41 @@ def test_load_balancing_batch_sampler_pads_or_drops(drop_last):
         assert got == [batches[i % len(batches)] for i in range(expected)]
     samplers[0].set_epoch(3)
     assert samplers[0].sampler.epoch == 3 and len(list(samplers[0])) == len(samplers[0])
+
+
+@pytest.mark.parametrize("world_size", [3])
+def test_what_bagua_upstream_tests_need(world_size, tmp_path):
+    results = run_compat("upstream_findings", world_size, tmp_path)
+    members = world_size - 1
+    for rank, r in enumerate(results):
+        if rank < members:
+            assert torch.equal(r["sub_allreduce"], torch.full((4,), float(sum(range(1, members + 1)))))
+            assert not r["non_member_marker"]
+        else:  # outside the group: the call did nothing, the module trained alone
+            assert torch.equal(r["sub_allreduce"], torch.full((4,), float(rank + 1)))
+            assert r["non_member_marker"]
+        assert r["async_trained"]
+        assert r["peer_weight"].shape == (10,)
+        assert r["low_precision_copies"] == [(10,), (10,), (10,)]
+        assert r["rewrap"] is None, r["rewrap"]
+        assert torch.equal(r["rewrap_weight"], results[0]["rewrap_weight"])
+        assert r["init_bagua_communicator"][0] == world_size
+        assert torch.equal(r["init_bagua_communicator"][1], torch.full((3,), float(sum(range(world_size)))))
+    # "all": every rank's peer weight is the global average
+    assert all(torch.equal(r["peer_weight"], results[0]["peer_weight"]) for r in results)
+
+
+def test_old_import_paths():
+    import bagua.autotune
+    from bagua.torch_api.contrib import FusedOptimizer
+    from bagua.torch_api.fuse_optimizer import FusedOptimizer as Old
+
+    assert Old is FusedOptimizer and bagua.autotune.IntParam is not None
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+    for p in params:
+        p.grad = torch.full_like(p, 0.5)
+    reference = [p.detach().clone() - 0.1 * 0.5 for p in params]
+    fused = FusedOptimizer(torch.optim.SGD(params, lr=0.1), do_flatten=True)
+    fused.step()
+    assert all(torch.allclose(p, r) for p, r in zip(params, reference))
+    assert fused.param_groups[0]["lr"] == 0.1

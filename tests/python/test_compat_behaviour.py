@@ -66,9 +66,9 @@ def test_new_group_gives_non_members_a_group(tmp_path):
         assert r["ranks"] == [0, 2]
         assert r["after"] == [3.0, 3.0]
         if rank == 1:
+            # As in Bagua: on a rank outside the group the call does nothing.
             assert r["not_in_group"] is True
-            name, message, mro = r["allreduce"]
-            assert "RuntimeError" in mro and "not a member" in message and "[0, 2]" in message, message
+            assert r["allreduce"] is None
             assert r["value"] == 2.0
         else:
             assert r["not_in_group"] is False

@@ -337,13 +337,11 @@ class _NamedBackend(core.Backend):
 def init_bagua_communicator(model_name: str, stream=None, leader_name: str = "") -> core.Communicator:
     """Bagua 0.8's way to a communicator of all ranks for one model: a new
     group of every rank (collective: every rank must call it), its
-    communicator returned. ``stream`` and ``leader_name`` are accepted for
-    the signature (collectives are ordered on the group's own stream)."""
-    del stream, leader_name  # accepted for Bagua's signature
-    group = new_group(list(range(_get_default_group().get_size())))
-    communicator = group.get_global_communicator()
-    communicator.model_name = model_name
-    return communicator
+    communicator returned. ``model_name``, ``stream`` and ``leader_name`` are
+    accepted for the signature (the group's collectives are ordered on its
+    own stream)."""
+    del model_name, stream, leader_name  # accepted for Bagua's signature
+    return new_group(list(range(_get_default_group().get_size()))).get_global_communicator()
 
 
 @lru_cache(maxsize=None)
