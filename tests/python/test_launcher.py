@@ -122,3 +122,13 @@ def test_help_lists_baguas_options_then_torchruns(capsys):
     out = capsys.readouterr().out
     assert "--set_additional_flag" in out and "--default_bucket_size" in out  # ours
     assert "--max_restarts" in out  # torchrun's
+
+
+def test_the_agent_watches_its_workers_every_tenth_of_a_second(monkeypatch):
+    monkeypatch.delenv("PET_MONITOR_INTERVAL", raising=False)
+    assert launch.with_prompt_monitoring(["--nproc_per_node=2", "t.py"]) == [
+        "--monitor_interval=0.1", "--nproc_per_node=2", "t.py"]
+    given = ["--monitor-interval", "2", "t.py"]
+    assert launch.with_prompt_monitoring(given) == given
+    monkeypatch.setenv("PET_MONITOR_INTERVAL", "3")
+    assert launch.with_prompt_monitoring(["t.py"]) == ["t.py"]
