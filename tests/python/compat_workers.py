@@ -586,6 +586,66 @@ def scenario_upstream_findings(out_dir):
     _save(results, rank, out_dir)
 
 
+
+def scenario_examples_findings(out_dir):
+    """What Bagua's examples needed: the low-level API (tensors made with a
+    module name mark themselves ready on get_backend(module_name)), and a
+    checkpoint of a model with MoE experts restoring each rank's own."""
+    import shutil
+    import torch.nn as nn
+
+    from bagua.torch_api.bucket import BaguaBucket
+    from bagua.torch_api.moe import MoE
+
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    results = {}
+    backend = bagua.get_backend("low_level")
+    tensors = [(torch.ones(64, 4) * (rank + 1)).ensure_bagua_tensor(name=f"t{i}", module_name="low_level")
+               for i in range(3)]
+    bucket = BaguaBucket(tensors, "dense", True)
+    backend.register_ordered_buckets([bucket.backend_bucket])
+    bucket.append_centralized_synchronous_op()
+    for _ in range(2):
+        for t in tensors:
+            t.bagua_mark_communication_ready()
+        backend.wait_pending_comm_ops()
+    results["low_level"] = [t.detach().clone() for t in tensors]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(16, 32)
+            self.moe = MoE(32, nn.Linear(32, 32), 2, 2)
+            self.fc3 = nn.Linear(32, 4)
+
+        def forward(self, x):
+            x, _, _ = self.moe(F.relu(self.fc1(x)))
+            return self.fc3(x)
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = model.with_bagua([opt], GradientAllReduceAlgorithm())
+    torch.manual_seed(1 + rank)
+    for _ in range(3):
+        opt.zero_grad()
+        F.cross_entropy(model(torch.randn(32, 16)), torch.randint(0, 4, (32,))).backward()
+        opt.step()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    path = os.path.join(out_dir, "checkpoints")
+    bagua.checkpoint.save_checkpoint(7, path, model, opt)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    results["iteration"] = bagua.checkpoint.load_checkpoint(path, model, opt)
+    results["not_restored"] = [k for k, v in model.state_dict().items() if not torch.equal(before[k], v)]
+    results["experts_differ"] = any("experts" in k for k in before)
+    bagua.barrier()
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    _save(results, rank, out_dir)
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -441,3 +441,21 @@ def test_old_import_paths():
     fused.step()
     assert all(torch.allclose(p, r) for p, r in zip(params, reference))
     assert fused.param_groups[0]["lr"] == 0.1
+
+
+def test_what_bagua_examples_need(tmp_path):
+    results = run_compat("examples_findings", 2, tmp_path)
+    for r in results:
+        for t in r["low_level"]:  # averaged: the mean of 1 and 2
+            assert torch.equal(t, torch.full((64, 4), 1.5))
+        assert r["iteration"] == 7
+        assert r["experts_differ"] and r["not_restored"] == [], r["not_restored"]
+    import bagua.torch_api as bagua
+    from bagua.torch_api.algorithms import onebit_adam
+    from bagua.torch_api.ddp_compatible import DistributedDataParallel
+
+    assert DistributedDataParallel is bagua.data_parallel.DistributedDataParallel
+    assert bagua.moe.MoE is not None and bagua.checkpoint.save_checkpoint is not None
+    optimizer = onebit_adam.OnebitAdamOptimizer([torch.nn.Parameter(torch.ones(2))])
+    onebit_adam.OnebitAdamAlgorithm(optimizer, 10)
+    assert optimizer.warmup_steps == 10

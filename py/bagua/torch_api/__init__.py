@@ -56,4 +56,4 @@ from bagua.torch_api.communication import (  # noqa: F401,E402
     get_backend,
     scatter_inplace,
 )
-from bagua.torch_api import communication, contrib, data_parallel, utils  # noqa: F401,E402
+from bagua.torch_api import checkpoint, communication, contrib, data_parallel, moe, utils  # noqa: F401,E402

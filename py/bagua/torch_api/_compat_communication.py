@@ -19,7 +19,6 @@ everything here).
 
 import io
 import pickle
-from functools import lru_cache
 from typing import List, Optional, Sequence
 
 import torch
@@ -344,14 +343,24 @@ def init_bagua_communicator(model_name: str, stream=None, leader_name: str = "")
     return new_group(list(range(_get_default_group().get_size()))).get_global_communicator()
 
 
-@lru_cache(maxsize=None)
+_named_backends = {}
+
+
 def get_backend(model_name: str) -> core.Backend:
     """The runtime backend (``bagua_core.Backend``: the ordered buckets and
     the communication thread) of the model called ``model_name``, created on
     first call and the same object afterwards; ``backend.model_name`` is the
-    name."""
-    return _NamedBackend(model_name, env.get_rank() if not _primitives.is_initialized()
-                         else _get_default_group().get_rank())
+    name. Tensors made with ``ensure_bagua_tensor(name, model_name)`` mark
+    themselves ready on it."""
+    if model_name not in _named_backends:
+        _named_backends[model_name] = _NamedBackend(
+            model_name, env.get_rank() if not _primitives.is_initialized() else _get_default_group().get_rank())
+    return _named_backends[model_name]
+
+
+def existing_backend(model_name: str) -> Optional[core.Backend]:
+    """``get_backend(model_name)`` if it was called, else None."""
+    return _named_backends.get(model_name)
 
 
 # -- Bagua's communicator methods ---------------------------------------------------

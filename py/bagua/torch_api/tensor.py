@@ -214,6 +214,8 @@ class BaguaTensor(metaclass=_BaguaTensorType):
     def _bagua_mark_ready(self, synchronize: bool) -> None:
         runtime = _runtime(self)
         if runtime.backend is None:
+            runtime.backend = _named_backend(self)
+        if runtime.backend is None:
             raise RuntimeError(
                 f"tensor '{_name(self)}' is not registered with a backend (is the module wrapped "
                 "with with_bagua?)")
@@ -229,11 +231,26 @@ class BaguaTensor(metaclass=_BaguaTensorType):
             runtime.backend.mark_communication_ready(self.bagua_tensor_name)
 
 
+def _named_backend(tensor):
+    """Bagua's low-level API: a tensor made with ``module_name`` belongs to
+    ``get_backend(module_name)`` (whose ordered buckets the user registers)
+    until an engine attaches its own. Only a backend already created by
+    ``get_backend`` is found: none is started here."""
+    module_name = tensor.__dict__.get("bagua_module_name")
+    if module_name is None:
+        return None
+    from bagua.torch_api import _compat_communication
+
+    return _compat_communication.existing_backend(module_name)
+
+
 def _bagua_backend(self):
     """The runtime backend of the module this tensor is registered with (None
     when it is not)."""
     runtime = self.__dict__.get("_bagua_runtime")
-    return runtime.backend if runtime is not None else None
+    if runtime is None:
+        return None
+    return runtime.backend if runtime.backend is not None else _named_backend(self)
 
 
 # Patch torch.Tensor, as Bagua does: its scripts and algorithms call these on

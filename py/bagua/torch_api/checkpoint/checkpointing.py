@@ -101,6 +101,13 @@ def _ranks_share_weights(model) -> bool:
     return engine is None or engine.bagua_algorithm_impl.ranks_share_weights()
 
 
+def _has_rank_local_parameters(model) -> bool:
+    """Parameters each rank keeps for itself (``allreduce = False``: the
+    experts of ``bagua.torch_api.moe``) differ across ranks whatever the
+    algorithm."""
+    return any(getattr(p, "allreduce", True) is False for p in model.parameters())
+
+
 def _rank_states(iteration: int, model, optimizer) -> dict:
     """This rank's file: the engine's state, and where ranks' weights differ
     (and this is not rank 0, whose are in Bagua's file) the rank's own."""
@@ -108,7 +115,7 @@ def _rank_states(iteration: int, model, optimizer) -> dict:
     # Plain ints: torch.load (weights_only, PyTorch >= 2.6) refuses other classes.
     state = {"iteration": int(iteration), "rank": int(get_rank()), "world_size": int(get_world_size()),
              "engine": engine.state_dict() if engine is not None else None}
-    if get_rank() != 0 and not _ranks_share_weights(model):
+    if get_rank() != 0 and (not _ranks_share_weights(model) or _has_rank_local_parameters(model)):
         state["model"] = model.state_dict()
         if optimizer is not None:
             state["optimizer"] = optimizer.state_dict()
