@@ -217,7 +217,12 @@ def _torch_store(world_size: int) -> _Rendezvous:
     # What dist.init_process_group("gloo") does, split in two.
     raw, rank, world_size = _store_rendezvous(env.get_rank(), world_size, timeout)
     raw.set_timeout(timeout)
-    store = dist.PrefixStore("default_pg", raw)
+    # Under torchrun, keys of its own per restart: torch 2.x hands the
+    # workers of every restart the agent's one store without the per-attempt
+    # prefix torch 1.13 added, and a restarted rank then read its dead peer's
+    # address (connect refused, then the restarts ran out).
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore("default_pg" if restart == "0" else f"default_pg/restart{restart}", raw)
 
     def init_torch():
         _check_torch_gloo_address(store, rank, world_size)
