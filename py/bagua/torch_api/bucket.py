@@ -27,14 +27,14 @@ class BaguaBucket:
         self.tensors = list(tensors)
         self.flatten = flatten
         self.alignment = alignment
-        seen = {}
+        names, ids = set(), set()
         for t in self.tensors:
             # Flattened twice, a tensor would be bound to two places of the
             # buffer and communicated twice: refuse it.
-            key = t.bagua_tensor_name
-            if key in seen or any(t is other for other in seen.values()):
-                raise InvalidArgumentError(f"bucket '{name}' holds tensor '{key}' twice")
-            seen[key] = t
+            if t.bagua_tensor_name in names or id(t) in ids:
+                raise InvalidArgumentError(f"bucket '{name}' holds tensor '{t.bagua_tensor_name}' twice")
+            names.add(t.bagua_tensor_name)
+            ids.add(id(t))
         currents = [t._bagua_current() for t in self.tensors]
         first = currents[0]
         for t, current in zip(self.tensors, currents):

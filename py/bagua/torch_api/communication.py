@@ -230,7 +230,6 @@ class _Call:
             if reached[id(t)] is not t:
                 t.copy_(reached[id(t)])
 
-
     def refuse(self, reason: str) -> None:
         """Takes part in the ranks' comparison of this call with ``reason``
         for refusing it: every rank raises the refusals (InvalidArgumentError)."""
