@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, builds, then the C++ doctest
-# suite (meson test), the Python suite (pytest, multi-process on the CPU),
-# and a packaging check (pip install into a fresh venv, then a 2-rank run).
+# suite (meson test), its threaded suites under ASan+UBSan and TSan, the
+# Python suite (pytest, multi-process on the CPU) and a packaging check
+# (pip install into a fresh venv, then a 2-rank run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -10,6 +11,9 @@ source scripts/env.sh
 
 echo "== C++ tests (doctest) =="
 meson test -C build --print-errorlogs
+
+echo "== C++ threaded suites under ASan+UBSan and TSan =="
+bash scripts/sanitizers.sh --threaded asan tsan
 
 echo "== Python tests (pytest) =="
 "$BAGUA_PYTHON" -m pytest -q --timeout=900 --durations=15 tests/python "$@"
