@@ -255,21 +255,90 @@ def _check_store_answers(rank: int, world_size: int, timeout: timedelta, where: 
     """Whatever listens at ``where`` answers as a store, within ``timeout``.
     torch's rendezvous client waits for the store's handshake with no limit
     (with another program on MASTER_PORT, torch 1.13 waited until that
-    program hung up: 88 s with a 5 s timeout). A client that does not wait
-    for the workers, one key set and waited for, is bounded by the timeout.
-    (torch 2.x's client checks the server itself when it connects, but with
-    retries that outlast the timeout: docs/errors.md.)"""
+    program hung up: 88 s with a 5 s timeout; torch 2.x's client, which checks
+    the server when it connects, waited past 60 s with a 3 s timeout). A
+    client that does not wait for the workers, one key set and waited for, is
+    bounded by the timeout; _StoreConnectionCutter ends a connect that is not."""
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     try:
-        probe = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False,
-                              timeout, wait_for_workers=False)
-        key = f"bagua/store_answers/{rank}"
-        probe.set(key, "1")
-        probe.wait([key], timeout)
-    except RuntimeError as error:
+        with _StoreConnectionCutter(address, port, timeout.total_seconds()):
+            probe = dist.TCPStore(address, port, world_size, False, timeout, wait_for_workers=False)
+            key = f"bagua/store_answers/{rank}"
+            probe.set(key, "1")
+            probe.wait([key], timeout)
+    except RuntimeError as error:  # torch 2.x's DistNetworkError and DistStoreError are RuntimeErrors
         raise core.CommTimeoutError(
             f"init_process_group on rank {rank}: what listens at {where} (MASTER_ADDR:MASTER_PORT) did not "
             f"answer as rank 0's store within {timeout.total_seconds():g} s (BAGUA_COMM_TIMEOUT_S): rank 0 "
-            f"did not start it, or another program holds that port ({error})") from None
+            f"did not start it, or another program holds that port ({_first_line(error)})") from None
+
+
+def _first_line(error: Exception) -> str:
+    """torch 2.x's store errors carry a C++ stack trace after their first line."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class _StoreConnectionCutter:
+    """While the block runs, a thread waits ``seconds``; past them, it shuts
+    down this process's TCP connections to ``address:port`` every 0.1 s, so a
+    store client blocked on a peer that never answers (torch's waits release
+    the GIL) fails with an error instead of waiting on. Only the connections
+    to that one address and port are touched, and only after the deadline."""
+
+    def __init__(self, address: str, port: int, seconds: float):
+        self.port, self.seconds = port, seconds
+        try:
+            self.peers = {info[4][0] for info in socket.getaddrinfo(address, port, proto=socket.IPPROTO_TCP)}
+        except OSError:
+            self.peers = set()  # unresolvable: torch's client fails on its own, at once
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._cut_after_deadline, name="bagua-store-cutter", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        return False
+
+    def _cut_after_deadline(self) -> None:
+        if self.done.wait(self.seconds):
+            return
+        while True:
+            cut = self._shut_down_connections()
+            if cut:
+                log("warn", f"the store at {sorted(self.peers)}:{self.port} did not answer within "
+                            f"{self.seconds:g} s: closing {cut} connection(s) to it")
+            if self.done.wait(0.1):
+                return
+
+    def _shut_down_connections(self) -> int:
+        cut = 0
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                duplicate = os.dup(int(name))
+            except OSError:  # closed since the listing
+                continue
+            try:
+                connection = socket.socket(fileno=duplicate)
+            except OSError:  # not a socket
+                os.close(duplicate)
+                continue
+            with connection:
+                if connection.family not in (socket.AF_INET, socket.AF_INET6) or connection.type != socket.SOCK_STREAM:
+                    continue
+                try:
+                    peer = connection.getpeername()
+                except OSError:  # not connected
+                    continue
+                host = peer[0].removeprefix("::ffff:")  # torch 2.x connects IPv4 through an IPv6 socket
+                if peer[1] == self.port and host in self.peers:
+                    connection.shutdown(socket.SHUT_RDWR)
+                    cut += 1
+        return cut
 
 
 def _network_identity() -> str:
