@@ -210,6 +210,11 @@ def scenario_hierarchical(_):
         dst_machine_weights={(m - 1) % machines: 2.0})
     results["not_a_neighbour"] = _error(bf.hierarchical_neighbor_allreduce, x, self_weight=0.5,
                                         src_machine_weights={m: 0.5}, dst_machine_weights=[])
+    # Machines that pass different graphs: False everywhere, the ring is kept.
+    other = topology_util.FullyConnectedGraph(machines) if bf.rank() == 0 else topology_util.RingGraph(machines)
+    results["set_different"] = bf.set_machine_topology(other, is_weighted=bf.rank() == 0)
+    results["kept_ring"] = topology_util.IsTopologyEquivalent(bf.load_machine_topology(),
+                                                              topology_util.RingGraph(machines))
     assert bf.set_machine_topology(topology_util.StarGraph(machines, machines - 1),
                                    is_weighted=True)
     results["star"] = bf.hierarchical_neighbor_allreduce(x)

@@ -201,6 +201,8 @@ def test_hierarchical_neighbor_allreduce(n, local, tmp_path):
     for r, got in enumerate(results):
         m = r // local
         assert got["no_machine_topology"][0] == "RuntimeError"
+        # Rank 0 passed a weighted fully connected graph, the others the ring.
+        assert got["set_different"] is (n == 1) and got["kept_ring"]
         ins = ring_in(machines, m) if machines > 1 else []
         assert got["in_machines"] == ins
         expected = (m + sum(ins)) / (len(ins) + 1)

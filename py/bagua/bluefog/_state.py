@@ -198,6 +198,22 @@ def _topology_error(topology, n: int) -> Optional[TypeError]:
     return None
 
 
+def _agreed(what: str, topology, n: int, is_weighted: bool) -> bool:
+    """Collective: True if every rank passed the same valid graph of ``n``
+    nodes. A graph that is not a DiGraph of n nodes raises TypeError on its
+    rank after the comparison, so the others return False instead of hanging."""
+    error = _topology_error(topology, n)
+    digest = 0 if error else _digest(topology, is_weighted)
+    digests = _agree(digest)
+    if error:
+        raise error
+    if len(set(digests)) != 1:
+        log("warning", f"bf.{what}: rank {rank()}: the ranks passed different topologies "
+                       f"(digests {digests}); the topology is unchanged")
+        return False
+    return True
+
+
 def set_topology(topology: Optional[nx.DiGraph] = None, is_weighted: bool = False) -> bool:
     """Sets the topology (None: ExponentialGraph(size())). Collective: the
     ranks compare digests, so if they pass different graphs every rank gets
@@ -207,18 +223,10 @@ def set_topology(topology: Optional[nx.DiGraph] = None, is_weighted: bool = Fals
     st = state()
     if topology is None:
         topology = topology_util.ExponentialGraph(size())
-    error = _topology_error(topology, size())
-    digest = 0 if error else _digest(topology, is_weighted)
-    digests = _agree(digest)
-    if error:
-        raise error
-    if len(set(digests)) != 1:
-        log("warning", f"bf.set_topology: rank {rank()}: the ranks passed different topologies "
-                       f"(digests {digests}); the topology is unchanged")
+    if not _agreed("set_topology", topology, size(), is_weighted):
         return False
-    if digest == _digest(st.topology, st.is_weighted):
-        return True
-    st.topology, st.is_weighted = topology, bool(is_weighted)
+    if _digest(topology, is_weighted) != _digest(st.topology, st.is_weighted):
+        st.topology, st.is_weighted = topology, bool(is_weighted)
     return True
 
 
@@ -243,15 +251,14 @@ def out_neighbor_ranks() -> List[int]:
 
 
 def set_machine_topology(topology: Optional[nx.DiGraph], is_weighted: bool = False) -> bool:
-    """The topology between machines (one node per machine)."""
+    """The topology between machines (one node per machine). Collective, with
+    the agreement check of set_topology: different graphs on different ranks
+    give False everywhere and keep the machine topology."""
     st = state()
     if topology is None:
         raise ValueError("set_machine_topology needs a topology (a networkx.DiGraph)")
-    error = _topology_error(topology, machine_size())
-    if error:
-        raise error
-    if topology_util.IsTopologyEquivalent(topology, st.machine_topology):
-        return True
+    if not _agreed("set_machine_topology", topology, machine_size(), is_weighted):
+        return False
     st.machine_topology, st.machine_is_weighted = topology, bool(is_weighted)
     return True
 
