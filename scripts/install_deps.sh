@@ -7,7 +7,7 @@ PACKAGES=(
   meson ninja-build pkg-config g++ libgloo-dev libspdlog-dev nlohmann-json3-dev doctest-dev
   pybind11-dev python3-torch python3-numpy python3-pytest python3-pytest-timeout python3-sklearn
   python3-tqdm python3-optuna python3-matplotlib python3-mesonpy python3-pip python3-venv
-  python3-networkx redis-server python3-redis
+  python3-networkx redis-server python3-redis python3-flask python3-requests
 )
 
 missing=()

@@ -32,9 +32,11 @@ def get_tensor_declaration_bytes(declaration: TensorDeclaration) -> int:
 @dataclass
 class BaguaHyperparameter:
     """The hyperparameters the autotuner chooses: the buckets (lists of
-    tensor declarations) and whether reductions are hierarchical."""
+    tensor declarations), the bucket size in bytes they were cut with (0:
+    not known) and whether reductions are hierarchical."""
 
     buckets: List[List[TensorDeclaration]] = field(default_factory=list)
+    bucket_size: int = 0
     is_hierarchical_reduce: bool = False
 
     def update(self, param_dict: dict) -> "BaguaHyperparameter":

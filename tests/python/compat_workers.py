@@ -61,6 +61,12 @@ def _alltoall_v_checks(results, rank, world):
         ref = torch.full_like(ours, -1).to(torch.float64)
         dist.all_to_all_single(ref, send.to(torch.float64), recv_counts, send_counts)
         results[f"alltoall_v/contiguous/{dtype}"] = (ours, ref.to(dtype))
+        # Bagua's example passes the displacements with the total appended
+        # (one more entry than ranks): the same result.
+        ours = torch.full((sum(recv_counts),), -1, dtype=dtype)
+        bagua.alltoall_v(send, send_counts, send_displs + [sum(send_counts)], ours, recv_counts,
+                         recv_displs + [sum(recv_counts)])
+        results[f"alltoall_v/total_appended/{dtype}"] = (ours, ref.to(dtype))
 
         # Gaps, reversed order and larger capacities than needed: plain Python reference.
         send_displs = [3 * sum(send_counts[j + 1:]) + 2 for j in range(world)]
@@ -103,6 +109,8 @@ def _alltoall_v_checks(results, rank, world):
     if rank == world - 1:
         send_counts[0] += 1
     send, recv = torch.zeros(sum(send_counts)), torch.zeros(sum(capacities))
+    results["alltoall_v/two_more_displs"] = _capture(
+        bagua.alltoall_v, empty, zeros, zeros + [0, 0], empty, zeros, zeros)
     results["alltoall_v/error"] = _capture(
         bagua.alltoall_v, send, send_counts, [sum(send_counts[:j]) for j in range(world)],
         recv, capacities, [sum(capacities[:i]) for i in range(world)])
@@ -598,7 +606,7 @@ def scenario_examples_findings(out_dir):
     from bagua.torch_api.moe import MoE
 
     bagua.init_process_group()
-    rank, world = bagua.get_rank(), bagua.get_world_size()
+    rank = bagua.get_rank()
     results = {}
     backend = bagua.get_backend("low_level")
     tensors = [(torch.ones(64, 4) * (rank + 1)).ensure_bagua_tensor(name=f"t{i}", module_name="low_level")

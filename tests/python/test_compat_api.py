@@ -191,6 +191,8 @@ def test_communication_extras_equal_torch_distributed(world_size, tmp_path):
         error = result.pop("alltoall_v/error")
         assert error is not None and error.startswith("InvalidArgumentError"), f"rank {rank}: {error}"
         assert f"rank {world_size - 1} sends" in error and "rank 0" in error
+        error = result.pop("alltoall_v/two_more_displs")
+        assert error is not None and "send_displs must have one entry per rank" in error, error
         assert any(k.startswith("gather_inplace/") for k in result)
     assert_pairs(results)
 

@@ -102,6 +102,20 @@ def _counts(what: str, values, size: int) -> List[int]:
     return values
 
 
+def _displacements(what: str, values, size: int) -> List[int]:
+    """One offset per rank. Bagua read the first ``size`` entries and let a
+    longer list through; its examples pass exclusive prefix sums with the
+    total appended (``size + 1`` entries), so that one extra entry is
+    accepted and ignored, and any other length is refused."""
+    values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+    if len(values) == size + 1:
+        values = values[:size]
+    if len(values) != size:
+        raise InvalidArgumentError(f"{what} must have one entry per rank ({size}), or one more (the "
+                                   f"total, ignored), got {len(values)}")
+    return _counts(what, values, size)
+
+
 def _check_layout(what: str, tensor, counts: List[int], displs: List[int]) -> None:
     for peer, (count, displ) in enumerate(zip(counts, displs)):
         if displ + count > tensor.numel():
@@ -118,7 +132,8 @@ def alltoall_v(send_tensor: torch.Tensor, send_counts, send_displs, recv_tensor:
     rank ``i`` sends it at offset ``recv_displs[i]`` of ``recv_tensor``.
     ``recv_counts[i]`` is the most rank ``i`` may send (elements of
     ``recv_tensor`` past what arrives are left as they were). Counts and
-    displacements are in elements of the flattened tensors.
+    displacements are in elements of the flattened tensors; a displacement
+    list may carry one more entry, the total, which is ignored (as Bagua did).
 
     Every rank first learns every rank's counts (one allgather), so a rank
     sending more than its peer can receive is an error on every rank; the
@@ -134,8 +149,8 @@ def alltoall_v(send_tensor: torch.Tensor, send_counts, send_displs, recv_tensor:
         raise InvalidArgumentError(
             f"alltoall_v: send_tensor ({send_tensor.dtype}, {send_tensor.device}) and recv_tensor "
             f"({recv_tensor.dtype}, {recv_tensor.device}) differ in dtype or device")
-    send_counts, send_displs = _counts("send_counts", send_counts, size), _counts("send_displs", send_displs, size)
-    recv_counts, recv_displs = _counts("recv_counts", recv_counts, size), _counts("recv_displs", recv_displs, size)
+    send_counts, send_displs = _counts("send_counts", send_counts, size), _displacements("send_displs", send_displs, size)
+    recv_counts, recv_displs = _counts("recv_counts", recv_counts, size), _displacements("recv_displs", recv_displs, size)
     _check_layout("send", send_tensor, send_counts, send_displs)
     _check_layout("recv", recv_tensor, recv_counts, recv_displs)
 
