@@ -9,7 +9,9 @@ is no GPU, plus the options of Bagua's launcher:
   --autotune_level N        0: no autotuning (default); 1: tune the bucket size
                             during training (BAGUA_AUTOTUNE=1 for the workers);
                             2 and 3 (Bagua's system-level tuning over ssh) run
-                            level 1, with a warning
+                            level 1, with a warning: the system tuner is
+                            bagua.service.autotune_system_hyperparameters,
+                            run before launching
   --default_bucket_size B   BAGUA_DEFAULT_BUCKET_SIZE=B (bytes)
   --autotune_log_file PATH  BAGUA_AUTOTUNE_OUTPUT=PATH (the tuned plan)
   --autotune_max_samples N  BAGUA_AUTOTUNE_MAX_TRIALS=N
@@ -19,10 +21,11 @@ is no GPU, plus the options of Bagua's launcher:
                             (torchrun's --log_dir layout)
   --bagua_service_port, --report_metrics, --host_list, --ssh_port,
   --autotune_sampling_confidence_time, --autotune_warmup_time,
-  --enable_bagua_net        accepted with a one-line warning: they served
+  --enable_bagua_net        accepted with a one-line warning: they configured
                             Bagua's HTTP autotune service, its ssh-based system
-                            tuning and Bagua-Net, which this runtime does
-                            without (tuning runs inside the job)
+                            tuning and Bagua-Net, which the launcher does not
+                            start (the bucket size is tuned inside the job;
+                            bagua.service has the service and the system tuner)
 
 Plain ``torchrun`` works just as well (set the BAGUA_* variables yourself).
 ``python -m bagua.distributed.run`` is the same launcher under the name of
@@ -76,8 +79,9 @@ def _autotune_level(option: str, value: str) -> None:
     if value not in ("0", "1", "2", "3"):
         raise SystemExit(f"{option} must be 0, 1, 2 or 3, got {value!r}")
     if value in ("2", "3"):
-        _warn(f"{option} {value}: Bagua's system-level tuning over ssh is not done here; "
-              "tuning the bucket size during training (level 1)")
+        _warn(f"{option} {value}: the launcher does not run the system tuner (run "
+              "bagua.service.autotune_system_hyperparameters(hosts, nproc_per_node, ssh_port) before "
+              "launching and export the setting it returns); tuning the bucket size during training (level 1)")
     os.environ["BAGUA_AUTOTUNE"] = "0" if value == "0" else "1"
 
 
@@ -92,7 +96,8 @@ def _warn(message: str) -> None:
 
 
 _SERVICE = "it configured Bagua's HTTP autotune service; tuning runs inside the job (BAGUA_AUTOTUNE_*)"
-_SSH = "it served Bagua's ssh-based system tuning (--autotune_level 2), which is not done here"
+_SSH = ("it served Bagua's ssh-based system tuning (--autotune_level 2), which the launcher does not run: "
+        "bagua.service.autotune_system_hyperparameters takes the hosts and the ssh port")
 
 # Bagua's launcher options: (takes a value, what it does).
 BAGUA_OPTIONS = {
