@@ -135,10 +135,10 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
 
     const auto reduced_block = c.scratch(static_cast<std::size_t>(chunk) * sizeof(float));
     const TensorView reduced = c.view(reduced_block, my_count, DType::kFloat32);
-    c.zero(reduced.data, reduced.nbytes());
+    // The first copy is written, the others added: no separate zeroing pass.
     for (std::int64_t j = 0; j < n; ++j) {
       c.decompress(bytes_of(incoming) + static_cast<std::size_t>(j) * chunk_bytes, chunk, reduced,
-                   true);
+                   j > 0);
     }
     if (average) c.divide(reduced, n);
 
