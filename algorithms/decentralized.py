@@ -2,9 +2,11 @@
 all-reducing gradients.
 
 ``DecentralizedAlgorithm``: in full precision, with all ranks, one partner
-(shift_one) or both ring neighbours; the exchange starts when forward starts
-and overlaps with forward and backward; the averaged weights are adopted
-after backward, before the optimizer step (D_FP_S).
+(shift_one) or both ring neighbours (D_FP_S), or over any BlueFog topology,
+static graph or dynamic schedule (bagua.bluefog's neighbour allreduce as a
+bucket op); the exchange starts when forward starts and overlaps with
+forward and backward; the averaged weights are adopted after backward,
+before the optimizer step.
 
 ``LowPrecisionDecentralizedAlgorithm``: after each optimizer step every rank
 exchanges the 8-bit compressed change of its weights with its two ring
@@ -15,6 +17,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from bagua.torch_api._core import InvalidArgumentError
 from bagua.torch_api.algorithms.base import (
     Algorithm,
     AlgorithmImpl,
@@ -130,19 +133,75 @@ class LowPrecisionDecentralizedAlgorithm(Algorithm):
                                                       self.communication_interval)
 
 
+class _TopologyPatterns:
+    """The neighbour pattern of each communication step for a topology: a
+    networkx DiGraph over the group's ranks (the same pattern every step:
+    the graph's weights into this rank when every edge has a "weight",
+    else the uniform average of this rank and its in-neighbours, BlueFog's
+    unweighted default), or an iterator of (send ranks, receive ranks) per
+    step, BlueFog's dynamic schedules (uniform weights 1 / (receives + 1))."""
+
+    def __init__(self, topology, rank: int, size: int):
+        self.rank, self.size = rank, size
+        self.static = None
+        if hasattr(topology, "predecessors"):  # a networkx graph
+            self.static = self._static_pattern(topology)
+        elif hasattr(topology, "__next__"):
+            self.schedule = topology
+        else:
+            raise InvalidArgumentError(
+                "DecentralizedAlgorithm: topology must be a networkx.DiGraph over the ranks or an iterator "
+                f"of (send ranks, receive ranks) per step, got {type(topology).__name__}")
+
+    def _static_pattern(self, graph):
+        from bagua.bluefog import topology_util
+
+        if sorted(graph.nodes()) != list(range(self.size)):
+            raise InvalidArgumentError(f"DecentralizedAlgorithm: the topology must have the {self.size} nodes "
+                                       f"0..{self.size - 1} (one per rank), got {graph.number_of_nodes()} nodes")
+        _, sends = topology_util.GetSendWeights(graph, self.rank)
+        destinations = {r: 1.0 for r in sends}
+        if not all("weight" in data for _, _, data in graph.edges(data=True)):
+            sources = {r: 1.0 for r in graph.predecessors(self.rank) if r != self.rank}
+            return None, sources, destinations
+        self_weight, sources = topology_util.GetRecvWeights(graph, self.rank)
+        total = self_weight + sum(sources.values())
+        if abs(total - 1.0) > 1e-6:
+            raise InvalidArgumentError(
+                f"DecentralizedAlgorithm: the topology's weights into rank {self.rank} (itself included) sum "
+                f"to {total:g}; averaging needs 1 (or leave the edges without weights for uniform averaging)")
+        return self_weight, sources, destinations
+
+    def next(self):
+        """(self weight or None for uniform, {source: weight}, {destination: weight})."""
+        if self.static is not None:
+            return self.static
+        try:
+            sends, receives = next(self.schedule)
+        except StopIteration:
+            raise InvalidArgumentError("DecentralizedAlgorithm: the topology's schedule ran out of steps") from None
+        weight = 1.0 / (len(receives) + 1)
+        return weight, {int(r): weight for r in receives}, {int(r): 1.0 for r in sends}
+
+
 class DecentralizedAlgorithmImpl(AlgorithmImpl):
     def __init__(self, process_group, hierarchical: bool = True, peer_selection_mode: str = "all",
-                 communication_interval: int = 1):
+                 communication_interval: int = 1, topology=None):
         super().__init__(process_group)
         self.hierarchical = hierarchical
         self.peer_selection_mode = peer_selection_mode
         self.communication_interval = communication_interval
-        self.ops = {}  # bucket name -> DecentralizedSynchronousOp
+        self.ops = {}  # bucket name -> DecentralizedSynchronousOp or NeighborAllreduceOp
         # The ops' communication step (shift_one's partners follow it), kept
         # across re-bucketing and checkpoints: new ops continue the count.
         self._communication_step = 0
+        self.patterns = None
+        if topology is not None:
+            self.patterns = _TopologyPatterns(topology, process_group.get_rank(), process_group.get_size())
 
     def _current_step(self) -> int:
+        if self.patterns is not None:
+            return self._communication_step  # counted here: the neighbour ops keep no count
         return max((op.communication_step for op in self.ops.values()), default=self._communication_step)
 
     def init_tensors(self, bagua_ddp) -> List:
@@ -152,6 +211,10 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
 
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
+        if self.patterns is not None:
+            self.ops[bucket.name] = bucket.append_neighbor_allreduce_op(_flat_weights(bucket),
+                                                                        group=self.process_group)
+            return
         op = bucket.append_decentralized_synchronous_op(
             _flat_weights(bucket), hierarchical=self.hierarchical,
             peer_selection_mode=self.peer_selection_mode, group=self.process_group)
@@ -163,8 +226,9 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
 
     def load_state_dict(self, bagua_ddp, state: dict) -> None:
         self._communication_step = int(state["communication_step"])
-        for op in self.ops.values():
-            op.communication_step = self._communication_step
+        if self.patterns is None:
+            for op in self.ops.values():
+                op.communication_step = self._communication_step
 
     def ranks_share_weights(self) -> bool:
         return False
@@ -174,6 +238,11 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
             # Start the exchange now: it overlaps with forward and backward,
             # which only read the weights.
             if is_communication_step(bagua_ddp, self.communication_interval):
+                if self.patterns is not None:
+                    pattern = self.patterns.next()  # one per step, for every bucket
+                    for op in self.ops.values():
+                        op.set_pattern(*pattern)
+                    self._communication_step += 1
                 bagua_ddp.mark_unready_tensors()
 
         return hook
@@ -193,26 +262,39 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
 
 class DecentralizedAlgorithm(Algorithm):
     def __init__(self, hierarchical: bool = True, peer_selection_mode: str = "all",
-                 communication_interval: int = 1):
+                 communication_interval: int = 1, topology=None):
         """
         Args:
             hierarchical: average inside each node first; the exchange runs
-                among node leaders.
+                among node leaders. Must be False with a ``topology``.
             peer_selection_mode: "all" (global average), "shift_one" (one
                 partner per step, changing every step; with an odd number of
                 ranks one rank sits each step out) or "ring" (both ring
                 neighbours, weights 1/3).
             communication_interval: exchange every this many steps (on steps
                 1, 1 + k, 1 + 2k, ...).
+            topology: instead of a peer selection mode, BlueFog's neighbour
+                averaging (bagua.bluefog's neighbor_allreduce as a bucket op)
+                over a networkx.DiGraph of the group's ranks (its edge weights
+                when it has them, else the uniform average with the
+                in-neighbours; e.g. ``topology_util.ExponentialGraph(n)``) or
+                over a per-rank iterator of (send ranks, receive ranks), one
+                item per communication step (e.g.
+                ``topology_util.GetDynamicOnePeerSendRecvRanks(graph, rank)``).
         """
-        check_flags(type(self).__name__, hierarchical=hierarchical)
-        check_choice(type(self).__name__, "peer_selection_mode", peer_selection_mode, PEER_SELECTION_MODES)
-        check_integer(type(self).__name__, "communication_interval", communication_interval, 1)
+        name = type(self).__name__
+        check_flags(name, hierarchical=hierarchical)
+        check_choice(name, "peer_selection_mode", peer_selection_mode, PEER_SELECTION_MODES)
+        check_integer(name, "communication_interval", communication_interval, 1)
+        if topology is not None and (hierarchical or peer_selection_mode != "all"):
+            raise InvalidArgumentError(f"{name}: a topology sets the peers of every rank; pass "
+                                       "hierarchical=False and no peer_selection_mode with it")
         self.hierarchical = hierarchical
         self.peer_selection_mode = peer_selection_mode
         self.communication_interval = communication_interval
+        self.topology = topology
 
     def reify(self, process_group) -> DecentralizedAlgorithmImpl:
         return DecentralizedAlgorithmImpl(process_group, self.hierarchical, self.peer_selection_mode,
-                                          self.communication_interval)
+                                          self.communication_interval, self.topology)
 

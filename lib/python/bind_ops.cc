@@ -169,6 +169,18 @@ std::shared_ptr<DecentralizedSynchronousOp> append_decentralized_synchronous(
   return op;
 }
 
+std::shared_ptr<NeighborAllreduceOp> append_neighbor_allreduce(Bucket& b, CommPtr comm,
+                                                               const TensorView& peer_weight) {
+  if (comm) require_comm_supports(b, *comm, "append_neighbor_allreduce_op");
+  BAGUA_CHECK_ARG(peer_weight.device == b.device(),
+                  "append_neighbor_allreduce_op: peer_weight is on {}, bucket '{}' on {}",
+                  peer_weight.device.str(), b.name(), b.device().str());
+  auto op =
+      std::make_shared<NeighborAllreduceOp>(std::move(comm), peer_weight, b.numel(), b.dtype());
+  b.append_op(op);
+  return op;
+}
+
 std::shared_ptr<AsyncModelAverageOp> append_asynchronous_model_average(
     Bucket& b, CommPtr dedicated, const AsyncModelAverageOptions& options) {
   if (dedicated) require_comm_supports(b, *dedicated, "append_asynchronous_model_average_op");
@@ -253,6 +265,8 @@ void bind_bucket_ops(BucketClass& c) {
       .def("append_decentralized_synchronous_op", &append_decentralized_synchronous,
            py::arg("communicator"), py::arg("hierarchy"), py::arg("peer_weight"),
            py::arg("options") = DecentralizedSynchronousOptions{})
+      .def("append_neighbor_allreduce_op", &append_neighbor_allreduce, py::arg("communicator"),
+           py::arg("peer_weight"))
       .def("append_asynchronous_model_average_op", &append_asynchronous_model_average,
            py::arg("communicator"), py::arg("options") = AsyncModelAverageOptions{})
       .def("append_powersgd_op", &append_powersgd, py::arg("communicator"), py::arg("matrices"),
@@ -341,6 +355,11 @@ void bind_decentralized_handle(py::module_& m) {
           py::arg("bucket"), py::arg("cuda_stream") = std::nullopt, ReleaseGil())
       .def_property("communication_step", &DecentralizedSynchronousOp::communication_step,
                     &DecentralizedSynchronousOp::set_communication_step);
+  py::class_<NeighborAllreduceOp, CommOp, std::shared_ptr<NeighborAllreduceOp>>(
+      m, "NeighborAllreduceOp")
+      .def("set_pattern", &NeighborAllreduceOp::set_pattern, py::arg("options"))
+      .def("copy_back_peer_weight", &NeighborAllreduceOp::copy_back_peer_weight, py::arg("bucket"),
+           ReleaseGil());
 }
 
 // The raw per-op figures; the algorithm (Python) turns them into its stats().

@@ -12,6 +12,7 @@
 
 #include "bagua/ops/asynchronous_model_average.h"
 #include "bagua/ops/decentralized_synchronous.h"
+#include "bagua/ops/neighbor_allreduce_op.h"
 #include "rank_threads.h"
 
 using namespace bagua;
@@ -104,6 +105,47 @@ TEST_CASE("one D_FP_S step of every mode equals the reference average") {
   }
 }
 
+TEST_CASE("neighbor_allreduce bucket op: each execution follows the pattern set last") {
+  // Step s: every rank receives from rank (r - s - 1) mod n with weight 1/2
+  // (a dynamic one-peer schedule); world 1 keeps its weights.
+  for (int world = 1; world <= 5; ++world) {
+    CAPTURE(world);
+    testing::run_ranks(world, [&](Communicator& comm) {
+      auto bucket_comm = all_ranks(comm);
+      const int rank = comm.rank();
+      const int n = 5;
+      std::vector<double> x(n), peer_weight(n);
+      for (int i = 0; i < n; ++i) x[static_cast<std::size_t>(i)] = weight_of(rank, i);
+      Bucket bucket("w", {{"x", view_of(x)}});
+      auto op = std::make_shared<NeighborAllreduceOp>(bucket_comm, view_of(peer_weight), n,
+                                                      DType::kFloat64);
+      for (int step = 0; step < 3; ++step) {
+        const int shift = world > 1 ? 1 + step % (world - 1) : 0;
+        const int from = (rank - shift + world) % world, to = (rank + shift) % world;
+        NeighborAllreduceOptions pattern;
+        pattern.self_weight = 0.5;
+        pattern.check_pattern = step == 0;
+        if (world > 1) {
+          pattern.sources = {{from, 0.5}};
+          pattern.destinations = {{to, 1.0}};
+        } else {
+          pattern.self_weight = 1.0;
+        }
+        op->set_pattern(pattern);
+        op->execute(bucket);
+        for (int i = 0; i < n; ++i) {
+          CHECK(x[static_cast<std::size_t>(i)] == weight_of(rank, i));  // the bucket is untouched
+          const double expected =
+              world > 1 ? (weight_of(rank, i) + weight_of(from, i)) / 2 : weight_of(rank, i);
+          REQUIRE(std::abs(peer_weight[static_cast<std::size_t>(i)] - expected) < 1e-12);
+        }
+      }
+      op->copy_back_peer_weight(bucket);
+      CHECK(x == peer_weight);
+    });
+  }
+}
+
 TEST_CASE("asynchronous model average: idle ranks converge to the mean; abort agrees; resume") {
   const int world = 4;
   std::vector<double> final_sum(world, 0.0), increments(world, 0.0);
@@ -159,9 +201,10 @@ TEST_CASE("asynchronous model average rejects unsupported modes and dtypes") {
     auto dedicated = all_ranks(comm);
     std::vector<double> w(3);
     Bucket bucket("w", {{"w", view_of(w)}});
-    CHECK_THROWS_AS(AsyncModelAverageOp(dedicated, bucket,
-                                        AsyncModelAverageOptions{.peer_selection = PeerSelection::kRing,
-                                                                 .sync_interval = std::chrono::milliseconds(5)}),
+    CHECK_THROWS_AS(AsyncModelAverageOp(
+                        dedicated, bucket,
+                        AsyncModelAverageOptions{.peer_selection = PeerSelection::kRing,
+                                                 .sync_interval = std::chrono::milliseconds(5)}),
                     InvalidArgument);
     std::vector<std::int32_t> ints(3);
     Bucket int_bucket("i", {{"i", TensorView{ints.data(), 3, DType::kInt32, {}}}});

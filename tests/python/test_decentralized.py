@@ -53,6 +53,70 @@ def test_one_step_matches_the_python_reference(mode, world_size, tmp_path):
         assert any(not torch.equal(before[0], b) for b in before[1:])
 
 
+def _topology_reference(kind, before, n, rank, step):
+    """One neighbour-averaging step of DecentralizedAlgorithm(topology=...),
+    from BlueFog's own definitions of the graphs and schedules."""
+    from bagua.bluefog import topology_util as tu
+
+    graph = tu.ExponentialGraph(n)
+    if kind == "exponential":
+        w = tu.nx.to_numpy_array(graph, nodelist=range(n))
+        return sum(float(w[j, rank]) * before[j] for j in range(n) if w[j, rank] != 0)
+    if kind == "ring_unweighted":
+        peers = sorted({(rank - 1) % n, (rank + 1) % n} - {rank})
+        return (before[rank] + sum(before[j] for j in peers)) / (len(peers) + 1)
+    # dynamic: every rank's schedule replayed to this step; a rank receives
+    # from those whose send list names it.
+    schedules = [tu.GetDynamicOnePeerSendRecvRanks(graph, r) for r in range(n)]
+    for _ in range(step + 1):
+        pairs = [next(s) for s in schedules]
+    receives = pairs[rank][1]
+    assert all(rank in pairs[j][0] for j in receives)
+    weight = 1.0 / (len(receives) + 1)
+    return weight * before[rank] + sum(weight * before[j] for j in receives)
+
+
+@pytest.mark.parametrize("kind,world_size", [("exponential", 2), ("exponential", 5), ("ring_unweighted", 3),
+                                             ("ring_unweighted", 4), ("dynamic", 4), ("dynamic", 5)])
+def test_topology_step_matches_bluefogs_definitions(kind, world_size, tmp_path):
+    results = run_workers("decentralized_topology", world_size, tmp_path, args=(kind,))
+    lr = results[0]["lr"]
+    for step in range(len(results[0]["steps"])):
+        before = [r["steps"][step]["before"] for r in results]
+        for rank, r in enumerate(results):
+            s = r["steps"][step]
+            expected = _topology_reference(kind, before, world_size, rank, step) - lr * s["grad"]
+            torch.testing.assert_close(s["after"], expected, rtol=0, atol=1e-6)
+        assert any(not torch.equal(before[0], b) for b in before[1:])
+    assert all(n == 5 for n in results[0]["executions"])  # one neighbour allreduce per step
+
+
+def test_topology_arguments_are_checked():
+    from bagua.bluefog import topology_util as tu
+    from bagua.torch_api.algorithms.decentralized import _TopologyPatterns
+
+    with pytest.raises(bagua.InvalidArgumentError, match="hierarchical=False"):
+        decentralized.DecentralizedAlgorithm(topology=tu.RingGraph(4))
+    with pytest.raises(bagua.InvalidArgumentError, match="peer_selection_mode"):
+        decentralized.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="ring",
+                                             topology=tu.RingGraph(4))
+    with pytest.raises(bagua.InvalidArgumentError, match="the 3 nodes"):
+        _TopologyPatterns(tu.RingGraph(4), 0, 3)
+    with pytest.raises(bagua.InvalidArgumentError, match="networkx.DiGraph"):
+        _TopologyPatterns([1, 2], 0, 2)
+    heavy = tu.nx.DiGraph()
+    heavy.add_weighted_edges_from([(0, 1, 0.9), (1, 0, 0.9), (0, 0, 0.5), (1, 1, 0.5)])
+    with pytest.raises(bagua.InvalidArgumentError, match="sum to 1.4"):
+        _TopologyPatterns(heavy, 0, 2)
+    assert _TopologyPatterns(tu.RingGraph(4), 1, 4).next() == (pytest.approx(1 / 3), {0: pytest.approx(1 / 3),
+                                                                                     2: pytest.approx(1 / 3)},
+                                                              {0: 1.0, 2: 1.0})
+    ended = _TopologyPatterns(iter([([1], [1])]), 0, 2)
+    assert ended.next() == (0.5, {1: 0.5}, {1: 1.0})
+    with pytest.raises(bagua.InvalidArgumentError, match="ran out"):
+        ended.next()
+
+
 def test_communication_interval_two_communicates_on_odd_steps_only(tmp_path):
     results = run_workers("decentralized", 3, tmp_path, args=("all", "2"))
     lr = results[0]["lr"]

@@ -413,6 +413,36 @@ def scenario_decentralized(out_dir, mode, interval="1"):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     model = model.with_bagua([opt], DecentralizedAlgorithm(
         hierarchical=False, peer_selection_mode=mode, communication_interval=int(interval)))
+    _record_decentralized_steps(out_dir, model, opt, lr, rank)
+
+
+def scenario_decentralized_topology(out_dir, kind):
+    """As scenario_decentralized, with DecentralizedAlgorithm(topology=...):
+    "exponential" (BlueFog's weighted exponential graph), "ring_unweighted"
+    (a ring without edge weights: the uniform average) or "dynamic" (the
+    dynamic one-peer schedule on the exponential graph)."""
+    from bagua.bluefog import topology_util
+    from bagua.torch_api.algorithms.decentralized import DecentralizedAlgorithm
+
+    bagua.init_process_group()
+    rank, n = bagua.get_rank(), bagua.get_world_size()
+    torch.manual_seed(7 + rank)
+    model = Net()
+    lr = 0.1
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    if kind == "exponential":
+        topology = topology_util.ExponentialGraph(n)
+    elif kind == "ring_unweighted":
+        topology = topology_util.nx.DiGraph()
+        topology.add_nodes_from(range(n))
+        topology.add_edges_from([(r, (r + 1) % n) for r in range(n)] + [(r, (r - 1) % n) for r in range(n)])
+    else:
+        topology = topology_util.GetDynamicOnePeerSendRecvRanks(topology_util.ExponentialGraph(n), rank)
+    model = model.with_bagua([opt], DecentralizedAlgorithm(hierarchical=False, topology=topology))
+    _record_decentralized_steps(out_dir, model, opt, lr, rank)
+
+
+def _record_decentralized_steps(out_dir, model, opt, lr, rank):
     # wrapping broadcast rank 0's weights; make them differ again per rank
     with torch.no_grad():
         for p in model.parameters():

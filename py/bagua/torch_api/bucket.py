@@ -6,7 +6,7 @@ contiguous message; unflattened buckets are packed into a staging buffer by
 the runtime instead.
 """
 
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -176,6 +176,23 @@ class BaguaBucket:
         self._peer_weight = peer_weight  # Bagua's name: the last exchange's average
         return DecentralizedSynchronousOp(op)
 
+    def append_neighbor_allreduce_op(self, peer_weight, group=None) -> "NeighborAllreduceOp":
+        """BlueFog's neighbour allreduce of this bucket (weights) into
+        ``peer_weight`` (a flat tensor of the bucket's size and dtype), leaving
+        the bucket untouched, over the pattern last given to the returned
+        op's ``set_pattern`` (the default: no neighbours, the weights as they
+        are); ``copy_back_peer_weight(bucket)`` writes the result into the
+        bucket. ``DecentralizedAlgorithm(topology=...)`` drives it."""
+        if isinstance(peer_weight, BaguaTensor):
+            peer_weight = peer_weight.bagua_getter_closure()
+        self._check_copy("peer_weight", peer_weight)
+        group = _group_or_default(group)
+        op = self.backend_bucket.append_neighbor_allreduce_op(
+            group.get_bucket_communicator(), tensor_view(peer_weight, "peer_weight", allow_cuda=True))
+        self._keep_alive.append(peer_weight)
+        self._peer_weight = peer_weight
+        return NeighborAllreduceOp(op)
+
     def append_asynchronous_model_average_op(self, peer_selection_mode: str = "all", group=None,
                                              sync_interval_ms: int = 500, max_staleness_steps=None):
         """Asynchronous model average of this bucket (weights) over the group,
@@ -308,6 +325,32 @@ class DecentralizedSynchronousOp:
     @communication_step.setter
     def communication_step(self, step: int) -> None:
         self._op.communication_step = int(step)
+
+
+class NeighborAllreduceOp:
+    """Handle of a bucket's neighbour allreduce (see append_neighbor_allreduce_op)."""
+
+    def __init__(self, op):
+        self._op = op
+
+    def set_pattern(self, self_weight: Optional[float], src_weights: Dict[int, float],
+                    dst_weights: Dict[int, float], check_pattern: bool = False) -> None:
+        """The next executions compute self_weight * x + sum over src_weights
+        of w_j * d_j * x_j, where d_j is the weight rank j gives this rank in
+        its dst_weights; without a self weight, the uniform average of x and
+        the sources' d_j * x_j. Ranks are the group's. ``check_pattern``:
+        the ranks first agree that every send has a matching receive (one
+        small allgather per execution); without it a mismatch fails within
+        the communication timeout."""
+        self._op.set_pattern(core.NeighborAllreduceOptions(
+            self_weight=None if self_weight is None else float(self_weight),
+            sources=[(int(r), float(w)) for r, w in sorted(src_weights.items())],
+            destinations=[(int(r), float(w)) for r, w in sorted(dst_weights.items())],
+            check_pattern=check_pattern))
+
+    def copy_back_peer_weight(self, bucket: "BaguaBucket") -> None:
+        """Writes the result of the last execution into ``bucket``."""
+        self._op.copy_back_peer_weight(bucket.backend_bucket)
 
 
 def _check_compression(compression, allow_none: bool):
