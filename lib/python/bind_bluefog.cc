@@ -94,7 +94,7 @@ void bind_window_service(py::module_& m) {
            py::arg("communicator"), py::kw_only(),
            py::arg("chunk_bytes") = WindowServiceOptions{}.chunk_bytes, ReleaseGil())
       .def("create", &WindowService::create, py::arg("name"), py::arg("tensor"), py::arg("sources"),
-           py::arg("zero_init"), ReleaseGil())
+           py::arg("zero_init"), py::arg("refusal") = "", ReleaseGil())
       .def("free", &WindowService::free, py::arg("name"), ReleaseGil())
       .def("names", &WindowService::names)
       .def("exists", &WindowService::exists, py::arg("name"))

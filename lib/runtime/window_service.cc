@@ -171,14 +171,15 @@ const WindowService::Window& WindowService::window(std::uint64_t id) const {
 // -- collective calls -------------------------------------------------------
 
 bool WindowService::create(const std::string& name, const TensorView& tensor,
-                           std::vector<int> sources, bool zero_init) {
+                           std::vector<int> sources, bool zero_init, std::string refusal) {
   BAGUA_CHECK_ARG(!name.empty(), "win_create on rank {}: the window needs a name", rank_);
   const std::lock_guard client(client_mutex_);
   const auto id = window_id(name);
   // A rank's own refusal (bad tensor or sources) still joins the agreement
   // below, so the others fail too instead of waiting for it.
-  std::string refusal;
-  if (tensor.device.type != DeviceType::kCPU) {
+  if (!refusal.empty()) {
+    refusal = fmt::format("rank {}: {}", rank_, refusal);
+  } else if (tensor.device.type != DeviceType::kCPU) {
     refusal = fmt::format("rank {}: window tensors must be in host memory, got {}", rank_,
                           tensor.device.str());
   } else if (tensor.dtype != DType::kFloat32 && tensor.dtype != DType::kFloat64) {
@@ -399,9 +400,11 @@ void WindowService::put(const std::string& name, const TensorView& data,
   if (require_mutex) {
     for (int r : ranks) unlock_one(name, id, r);
   }
+  // Under the window's lock, so a get never sees the tensor scaled and p
+  // not yet (or the reverse).
+  const std::lock_guard lock(state_mutex_);
   scale_in_place(data, self_weight);
   if (with_p) {
-    const std::lock_guard lock(state_mutex_);
     if (auto* w = find(id)) w->p *= self_weight;
   }
 }

@@ -73,9 +73,11 @@ class WindowService {
   // and contiguous until free) with a buffer per rank of `sources` (the
   // in-neighbours), each a copy of `tensor` or zeros; versions 0; p = 1 at
   // self, 0 in the buffers. False on every rank if any rank already has
-  // `name` (nothing created). float32 / float64 host tensors only.
+  // `name` (nothing created). float32 / float64 host tensors only. A rank
+  // that found its arguments wrong passes why as `refusal`: every rank then
+  // raises InvalidArgument naming it, none waits for that rank.
   bool create(const std::string& name, const TensorView& tensor, std::vector<int> sources,
-              bool zero_init);
+              bool zero_init, std::string refusal = {});
   // Collective; an empty name frees every window. Every rank first finishes
   // its own ops, then a barrier: no request for a freed window is in flight.
   // False if some rank lacks `name` (then nothing is freed).
