@@ -281,5 +281,40 @@ def scenario_dead_peer(_):
     os._exit(0)  # the peer is gone: no collective teardown
 
 
+def scenario_win_optimizers(_, *kinds):
+    """BlueFog's optimizer problem (Linear(16, 3), noise 1e-5, Adam) with
+    the window optimizers; the last three epochs' train and test MSE and
+    whether the windows were freed."""
+    from bluefog_workers import _linear_problem, _mse
+    bf.init()
+    results = {}
+    for kind in kinds:
+        train, test = _linear_problem()
+        torch.manual_seed(bf.rank())
+        model = torch.nn.Linear(16, 3)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01 * bf.size())
+        bf.broadcast_parameters(model.state_dict(), root_rank=0)
+        if kind == "winput":
+            opt = bf.DistributedWinPutOptimizer(opt, model=model, window_prefix="wp")
+            names = bf.get_current_created_window_names()
+        else:
+            opt = bf.DistributedPushSumOptimizer(opt, model=model)
+            names = bf.get_current_created_window_names()
+        assert isinstance(opt, torch.optim.Adam)
+        history = []
+        for _epoch in range(40):
+            for start in range(0, 1024, 128):
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(train[0][start:start + 128]),
+                                                    train[1][start:start + 128])
+                loss.backward()
+                opt.step()
+            history.append((_mse(model, train), _mse(model, test)))
+        opt.unregister_window()
+        results[kind] = {"mse": history[-3:], "names": names,
+                         "after": bf.get_current_created_window_names()}
+    _save(results)
+
+
 if __name__ == "__main__":
     globals()[f"scenario_{sys.argv[1]}"](*sys.argv[2:])

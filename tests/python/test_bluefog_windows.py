@@ -206,3 +206,15 @@ def test_dead_peer_fails_within_the_timeout(tmp_path):
     assert "rank 0" in message and "win_put" in message and "'gone'" in message
     assert "rank 1" in message
     assert got["elapsed"] < 5.0 + 2.0
+
+
+def test_window_optimizers_converge(tmp_path):
+    """BlueFog's optimizer problem on 4 ranks: the asynchronous win-put and
+    push-sum optimizers reach a small train and test MSE (noise 1e-5)."""
+    results = run("win_optimizers", 4, tmp_path, "winput", "pushsum")
+    for kind, prefix in (("winput", "wp."), ("pushsum", "push_sum.")):
+        got = results[0][kind]
+        assert got["names"] == [prefix + "bias", prefix + "weight"]
+        assert got["after"] == []
+        for train, test in got["mse"]:
+            assert train < 1e-9 and test < 1e-9, f"{kind}: {got['mse']}"

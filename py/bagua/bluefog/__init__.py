@@ -104,6 +104,8 @@ from bagua.bluefog.optimizers import (
     DistributedGradientAllreduceOptimizer,
     DistributedHierarchicalNeighborAllreduceOptimizer,
     DistributedNeighborAllreduceOptimizer,
+    DistributedPushSumOptimizer,
+    DistributedWinPutOptimizer,
 )
 from bagua.bluefog.topology_util import (
     ExponentialGraph,
