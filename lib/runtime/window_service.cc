@@ -222,8 +222,8 @@ bool WindowService::create(const std::string& name, const TensorView& tensor,
                                  static_cast<std::int64_t>(tensor.dtype)};
   std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size_));
   try {
-    collectives_->allgather(int64_view(mine.data(), mine.size()),
-                            int64_view(all.data(), all.size()));
+    agree("win_create", name, int64_view(mine.data(), mine.size()),
+          int64_view(all.data(), all.size()));
   } catch (...) {
     if (added) {
       const std::lock_guard lock(state_mutex_);
@@ -266,7 +266,8 @@ bool WindowService::free(const std::string& name) {
     if (!name.empty()) have = find(window_id(name)) != nullptr ? 1 : 0;
   }
   std::vector<std::int64_t> all(static_cast<std::size_t>(size_));
-  collectives_->allgather(int64_view(&have, 1), int64_view(all.data(), all.size()));
+  agree("win_free", name.empty() ? "(all)" : name, int64_view(&have, 1),
+        int64_view(all.data(), all.size()));
   if (std::find(all.begin(), all.end(), 0) != all.end()) return false;
   const std::lock_guard lock(state_mutex_);
   if (name.empty()) {
@@ -275,6 +276,20 @@ bool WindowService::free(const std::string& name) {
     windows_.erase(window_id(name));
   }
   return true;
+}
+
+void WindowService::agree(const std::string& op, const std::string& name, const TensorView& mine,
+                          const TensorView& all) {
+  try {
+    collectives_->allgather(mine, all);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(
+        fmt::format("{}: not every rank joined within {} ms (a rank that never "
+                    "calls it, or is gone): {}",
+                    where(op, name), collectives_->timeout().count(), e.what()));
+  } catch (const BackendError& e) {
+    throw BackendError(fmt::format("{}: a rank failed or exited: {}", where(op, name), e.what()));
+  }
 }
 
 std::vector<std::string> WindowService::names() const {

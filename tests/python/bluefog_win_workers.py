@@ -281,6 +281,20 @@ def scenario_dead_peer(_):
     os._exit(0)  # the peer is gone: no collective teardown
 
 
+def scenario_missing_peer(_):
+    """Rank 1 is alive but never creates the window: rank 0's win_create
+    must fail within BAGUA_COMM_TIMEOUT_S, naming the op and window."""
+    bf.init()
+    bf.win_create(torch.ones(2), "first")  # the service runs on both
+    if bf.rank() == 1:
+        time.sleep(float(os.environ["BAGUA_COMM_TIMEOUT_S"]) + 3.0)
+        os._exit(0)
+    t0 = time.monotonic()
+    error = _error(bf.win_create, torch.ones(4), "lonely")
+    _save({"error": error, "elapsed": time.monotonic() - t0})
+    os._exit(0)  # rank 1 never joined: no collective teardown
+
+
 def scenario_win_optimizers(_, *kinds):
     """BlueFog's optimizer problem (Linear(16, 3), noise 1e-5, Adam) with
     the window optimizers; the last three epochs' train and test MSE and

@@ -208,6 +208,18 @@ def test_dead_peer_fails_within_the_timeout(tmp_path):
     assert got["elapsed"] < 5.0 + 2.0
 
 
+
+def test_missing_peer_fails_within_the_timeout(tmp_path):
+    results = run("missing_peer", 2, tmp_path, may_fail=(1,),
+                  extra_env={"BAGUA_COMM_TIMEOUT_S": "3"})
+    got = results[0]
+    assert got["error"] is not None, "win_create returned without rank 1"
+    name, _, message = got["error"]
+    assert "TimeoutError" in name, got["error"]
+    assert "win_create on rank 0 (window 'lonely')" in message
+    assert 2.5 < got["elapsed"] < 3.0 + 2.0
+
+
 def test_window_optimizers_converge(tmp_path):
     """BlueFog's optimizer problem on 4 ranks: the asynchronous win-put and
     push-sum optimizers reach a small train and test MSE (noise 1e-5)."""

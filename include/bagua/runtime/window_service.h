@@ -137,6 +137,10 @@ class WindowService {
   void lock_local(const std::string& name, std::uint64_t id);
   void unlock_local(const std::string& name, std::uint64_t id);
 
+  // The allgather of create / free, its errors naming the op and window.
+  void agree(const std::string& op, const std::string& name, const TensorView& mine,
+             const TensorView& all);
+
   // Progress thread.
   void serve();
   void serve_one(const Request& request, int sender);

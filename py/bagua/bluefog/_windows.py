@@ -51,10 +51,16 @@ class _Windows:
 _with_p = False
 
 
-def _windows(create: bool = False) -> Optional[_Windows]:
+def _windows(create: Optional[str] = None) -> Optional[_Windows]:
+    """The window state; ``create``: the name of the window whose creation
+    starts the service if needed (named in its errors)."""
     st = state()
-    if getattr(st, "windows", None) is None and create:
-        st.windows = _Windows(st)
+    if getattr(st, "windows", None) is None and create is not None:
+        try:
+            st.windows = _Windows(st)
+        except Exception as error:  # same type, now naming the call
+            raise type(error)(f"win_create on rank {st.comm.rank} (window {create!r}): starting "
+                              f"the window service (collective): {error}") from error
     return getattr(st, "windows", None)
 
 
@@ -113,7 +119,7 @@ def win_create(tensor: torch.Tensor, name: str, zero_init: bool = False) -> bool
     one buffer per in-neighbour, a copy of ``tensor`` (zeros with
     ``zero_init``); versions 0, associated p 1. False on every rank if a rank
     already has ``name``."""
-    w = _windows(create=True)
+    w = _windows(create=name)
     refusal = ""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"win_create: tensor must be a torch.Tensor, got {type(tensor).__name__}")
