@@ -173,7 +173,8 @@ def scenario_passive(_, numel):
 
 
 def scenario_mutex(_):
-    """Rank 0 holds its own mutex for 1 s; the others ask for it meanwhile."""
+    """Rank 0 holds its own mutex for 1.2 s after a barrier; the others ask
+    for it right after the barrier."""
     bf.init()
     r, out = bf.rank(), {}
     x = torch.zeros(4)
@@ -181,7 +182,7 @@ def scenario_mutex(_):
     if r == 0:
         with bf.win_mutex("m", for_self=True):
             bf.barrier()
-            time.sleep(1.05)
+            time.sleep(1.2)  # 0.2 s of margin for the barrier's skew
     else:
         bf.barrier()
         t0 = time.monotonic()
@@ -287,7 +288,7 @@ def scenario_missing_peer(_):
     bf.init()
     bf.win_create(torch.ones(2), "first")  # the service runs on both
     if bf.rank() == 1:
-        time.sleep(float(os.environ["BAGUA_COMM_TIMEOUT_S"]) + 3.0)
+        time.sleep(float(os.environ["BAGUA_COMM_TIMEOUT_S"]) + 0.5)
         os._exit(0)
     t0 = time.monotonic()
     error = _error(bf.win_create, torch.ones(4), "lonely")
@@ -295,7 +296,7 @@ def scenario_missing_peer(_):
     os._exit(0)  # rank 1 never joined: no collective teardown
 
 
-def scenario_win_optimizers(_, *kinds):
+def scenario_win_optimizers(_, epochs, *kinds):
     """BlueFog's optimizer problem (Linear(16, 3), noise 1e-5, Adam) with
     the window optimizers; the last three epochs' train and test MSE and
     whether the windows were freed."""
@@ -316,7 +317,7 @@ def scenario_win_optimizers(_, *kinds):
             names = bf.get_current_created_window_names()
         assert isinstance(opt, torch.optim.Adam)
         history = []
-        for _epoch in range(40):
+        for _epoch in range(int(epochs)):
             for start in range(0, 1024, 128):
                 opt.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(train[0][start:start + 128]),
@@ -325,7 +326,7 @@ def scenario_win_optimizers(_, *kinds):
                 opt.step()
             history.append((_mse(model, train), _mse(model, test)))
         opt.unregister_window()
-        results[kind] = {"mse": history[-3:], "names": names,
+        results[kind] = {"mse": history[-3:], "history": history, "names": names,
                          "after": bf.get_current_created_window_names()}
     _save(results)
 

@@ -221,9 +221,10 @@ def test_missing_peer_fails_within_the_timeout(tmp_path):
 
 
 def test_window_optimizers_converge(tmp_path):
-    """BlueFog's optimizer problem on 4 ranks: the asynchronous win-put and
-    push-sum optimizers reach a small train and test MSE (noise 1e-5)."""
-    results = run("win_optimizers", 4, tmp_path, "winput", "pushsum")
+    """BlueFog's optimizer problem on 3 ranks: the asynchronous win-put and
+    push-sum optimizers reach a train and test MSE below 1e-9 (noise 1e-5:
+    about 1e-10 from epoch 35 on)."""
+    results = run("win_optimizers", 3, tmp_path, "40", "winput", "pushsum")
     for kind, prefix in (("winput", "wp."), ("pushsum", "push_sum.")):
         got = results[0][kind]
         assert got["names"] == [prefix + "bias", prefix + "weight"]
