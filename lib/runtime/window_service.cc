@@ -153,19 +153,18 @@ void WindowService::rethrow_if_failed() const {
   if (failure_) std::rethrow_exception(failure_);
 }
 
-WindowService::Window* WindowService::find(std::uint64_t id) {
+WindowService::Window* WindowService::find(std::uint64_t id) const {
   auto it = windows_.find(id);
-  return it == windows_.end() ? nullptr : &it->second;
+  return it == windows_.end() ? nullptr : it->second.get();
 }
 
-WindowService::Window& WindowService::window(std::uint64_t id) {
-  auto* w = find(id);
-  if (w == nullptr) throw InvalidArgument(fmt::format("no window with id {:#x}", id));
-  return *w;
-}
-
-const WindowService::Window& WindowService::window(std::uint64_t id) const {
-  return const_cast<WindowService*>(this)->window(id);
+WindowService::Locked WindowService::lock_window(std::uint64_t id, bool check_failure) const {
+  const std::lock_guard lock(state_mutex_);
+  if (check_failure) rethrow_if_failed();
+  Locked found;
+  found.window = find(id);
+  if (found.window != nullptr) found.lock = std::unique_lock(found.window->mutex);
+  return found;
 }
 
 // -- collective calls -------------------------------------------------------
@@ -197,23 +196,23 @@ bool WindowService::create(const std::string& name, const TensorView& tensor,
     const std::lock_guard lock(state_mutex_);
     rethrow_if_failed();
     if (refusal.empty() && find(id) == nullptr) {
-      Window w;
-      w.name = name;
-      w.tensor = tensor;
+      auto w = std::make_unique<Window>();
+      w->name = name;
+      w->tensor = tensor;
       for (int s : sources) {
-        auto& buffer = w.buffers[s];
+        auto& buffer = w->buffers[s];
         buffer.resize(tensor.nbytes());
         if (!zero_init && tensor.nbytes() > 0) {
           std::memcpy(buffer.data(), tensor.data, tensor.nbytes());
         }
-        w.versions[s] = 0;
-        w.buffer_p[s] = 0.0;
+        w->versions[s] = 0;
+        w->buffer_p[s] = 0.0;
       }
       windows_.emplace(id, std::move(w));
       added = true;
-    } else if (refusal.empty() && windows_.at(id).name != name) {
+    } else if (refusal.empty() && windows_.at(id)->name != name) {
       refusal = fmt::format("rank {}: window names '{}' and '{}' share an id", rank_, name,
-                            windows_.at(id).name);
+                            windows_.at(id)->name);
     }
   }
   // Every rank's {added, numel, dtype}: registered before the agreement, so
@@ -227,6 +226,7 @@ bool WindowService::create(const std::string& name, const TensorView& tensor,
   } catch (...) {
     if (added) {
       const std::lock_guard lock(state_mutex_);
+      { const std::lock_guard users(windows_.at(id)->mutex); }
       windows_.erase(id);
     }
     throw;
@@ -244,6 +244,7 @@ bool WindowService::create(const std::string& name, const TensorView& tensor,
   if (!everyone_added || !problems.empty()) {
     if (added) {
       const std::lock_guard lock(state_mutex_);
+      { const std::lock_guard users(windows_.at(id)->mutex); }
       windows_.erase(id);
     }
   }
@@ -270,10 +271,14 @@ bool WindowService::free(const std::string& name) {
         int64_view(all.data(), all.size()));
   if (std::find(all.begin(), all.end(), 0) != all.end()) return false;
   const std::lock_guard lock(state_mutex_);
-  if (name.empty()) {
-    windows_.clear();
-  } else {
-    windows_.erase(window_id(name));
+  for (auto it = windows_.begin(); it != windows_.end();) {
+    if (!name.empty() && it->first != window_id(name)) {
+      ++it;
+      continue;
+    }
+    // Whoever found the window under its mutex finishes before it goes.
+    { const std::lock_guard users(it->second->mutex); }
+    it = windows_.erase(it);
   }
   return true;
 }
@@ -295,7 +300,7 @@ void WindowService::agree(const std::string& op, const std::string& name, const 
 std::vector<std::string> WindowService::names() const {
   const std::lock_guard lock(state_mutex_);
   std::vector<std::string> out;
-  for (const auto& [id, w] : windows_) out.push_back(w.name);
+  for (const auto& [id, w] : windows_) out.push_back(w->name);
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -366,9 +371,7 @@ void WindowService::put(const std::string& name, const TensorView& data,
   const auto id = window_id(name);
   double p = 1.0;
   {
-    const std::lock_guard lock(state_mutex_);
-    rethrow_if_failed();
-    auto* w = find(id);
+    const auto [w, lock] = lock_window(id);
     if (w == nullptr) throw InvalidArgument(fmt::format("{}: no such window", where(op, name)));
     BAGUA_CHECK_ARG(data.device.type == DeviceType::kCPU && data.dtype == w->tensor.dtype &&
                         data.numel == w->tensor.numel,
@@ -417,11 +420,9 @@ void WindowService::put(const std::string& name, const TensorView& data,
   }
   // Under the window's lock, so a get never sees the tensor scaled and p
   // not yet (or the reverse).
-  const std::lock_guard lock(state_mutex_);
+  const auto [w, lock] = lock_window(id, false);
   scale_in_place(data, self_weight);
-  if (with_p) {
-    if (auto* w = find(id)) w->p *= self_weight;
-  }
+  if (with_p && w != nullptr) w->p *= self_weight;
 }
 
 void WindowService::get(const std::string& name, std::span<const WindowPeer> sources,
@@ -431,9 +432,7 @@ void WindowService::get(const std::string& name, std::span<const WindowPeer> sou
   const auto id = window_id(name);
   std::size_t nbytes = 0;
   {
-    const std::lock_guard lock(state_mutex_);
-    rethrow_if_failed();
-    auto* w = find(id);
+    const auto [w, lock] = lock_window(id);
     if (w == nullptr) throw InvalidArgument(fmt::format("{}: no such window", where(op, name)));
     for (const auto& s : sources) {
       BAGUA_CHECK_ARG(w->buffers.count(s.rank) != 0,
@@ -461,12 +460,12 @@ void WindowService::get(const std::string& name, std::span<const WindowPeer> sou
                       .source = rank_,
                       .nbytes = static_cast<std::int64_t>(nbytes)};
       const Reply answer = call(request, s.rank, {}, received, op, name);
-      const std::lock_guard lock(state_mutex_);
-      auto& w = window(id);
-      scale_into(w.buffers.at(s.rank).data(), received.data(), w.tensor.numel, w.tensor.dtype,
+      const auto [w, lock] = lock_window(id);
+      BAGUA_CHECK_INTERNAL(w != nullptr, "{}: the window vanished", where(op, name));
+      scale_into(w->buffers.at(s.rank).data(), received.data(), w->tensor.numel, w->tensor.dtype,
                  s.weight, false);
-      if (with_p) w.buffer_p[s.rank] = s.weight * as_double(answer.p);
-      ++w.versions[s.rank];
+      if (with_p) w->buffer_p[s.rank] = s.weight * as_double(answer.p);
+      ++w->versions[s.rank];
     }
   } catch (...) {
     try {
@@ -487,9 +486,7 @@ void WindowService::update(const std::string& name, double self_weight,
   const auto id = window_id(name);
   if (require_mutex) lock_local(name, id);
   try {
-    const std::lock_guard lock(state_mutex_);
-    rethrow_if_failed();
-    auto* w = find(id);
+    const auto [w, lock] = lock_window(id);
     if (w == nullptr) throw InvalidArgument(fmt::format("{}: no such window", where(op, name)));
     BAGUA_CHECK_ARG(out.numel == w->tensor.numel && out.dtype == w->tensor.dtype,
                     "{}: the output differs from the window's tensor", where(op, name));
@@ -528,25 +525,22 @@ void WindowService::update(const std::string& name, double self_weight,
 }
 
 std::map<int, std::int64_t> WindowService::versions(const std::string& name) const {
-  const std::lock_guard lock(state_mutex_);
-  auto it = windows_.find(window_id(name));
-  BAGUA_CHECK_ARG(it != windows_.end(), "get_win_version on rank {}: no window '{}'", rank_, name);
-  return it->second.versions;
+  const auto [w, lock] = lock_window(window_id(name), false);
+  BAGUA_CHECK_ARG(w != nullptr, "get_win_version on rank {}: no window '{}'", rank_, name);
+  return w->versions;
 }
 
 double WindowService::associated_p(const std::string& name) const {
-  const std::lock_guard lock(state_mutex_);
-  auto it = windows_.find(window_id(name));
-  BAGUA_CHECK_ARG(it != windows_.end(), "win_associated_p on rank {}: no window '{}'", rank_, name);
-  return it->second.p;
+  const auto [w, lock] = lock_window(window_id(name), false);
+  BAGUA_CHECK_ARG(w != nullptr, "win_associated_p on rank {}: no window '{}'", rank_, name);
+  return w->p;
 }
 
 std::vector<std::byte> WindowService::buffer(const std::string& name, int source) const {
-  const std::lock_guard lock(state_mutex_);
-  auto it = windows_.find(window_id(name));
-  BAGUA_CHECK_ARG(it != windows_.end(), "window buffer on rank {}: no window '{}'", rank_, name);
-  auto b = it->second.buffers.find(source);
-  BAGUA_CHECK_ARG(b != it->second.buffers.end(),
+  const auto [w, lock] = lock_window(window_id(name), false);
+  BAGUA_CHECK_ARG(w != nullptr, "window buffer on rank {}: no window '{}'", rank_, name);
+  auto b = w->buffers.find(source);
+  BAGUA_CHECK_ARG(b != w->buffers.end(),
                   "window buffer on rank {}: window '{}' has no buffer for rank {}", rank_, name,
                   source);
   return b->second;
@@ -558,9 +552,8 @@ void WindowService::lock(const std::string& name, std::vector<int> ranks) {
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   const auto id = window_id(name);
   {
-    const std::lock_guard lock(state_mutex_);
-    rethrow_if_failed();
-    BAGUA_CHECK_ARG(find(id) != nullptr, "win_mutex on rank {}: no window '{}'", rank_, name);
+    const auto [w, lock] = lock_window(id);
+    BAGUA_CHECK_ARG(w != nullptr, "win_mutex on rank {}: no window '{}'", rank_, name);
   }
   std::vector<int> held;
   try {
@@ -616,37 +609,32 @@ void WindowService::unlock_one(const std::string& name, std::uint64_t id, int ow
 }
 
 void WindowService::lock_local(const std::string& name, std::uint64_t id) {
-  std::unique_lock lock(state_mutex_);
-  rethrow_if_failed();
-  auto* w = find(id);
+  // The caller holds client_mutex_, so the window cannot be freed meanwhile.
+  auto [w, lock] = lock_window(id);
   if (w == nullptr) {
     throw InvalidArgument(fmt::format("{}: no such window", where("win_mutex acquire", name)));
   }
-  w->mutex_queue.push_back(rank_);
-  const bool granted = granted_.wait_for(lock, channel_->timeout(), [&] {
-    auto* now = find(id);
-    return now == nullptr || now->mutex_queue.front() == rank_ || failure_ != nullptr;
-  });
-  w = find(id);
-  if (w == nullptr) {
-    throw InvalidArgument(
-        fmt::format("{}: the window was freed while waiting", where("win_mutex acquire", name)));
-  }
-  if (!granted || failure_ != nullptr) {
-    auto& q = w->mutex_queue;
-    q.erase(std::find(q.begin(), q.end(), rank_));
+  auto& queue = w->mutex_queue;
+  queue.push_back(rank_);
+  const bool granted = w->granted.wait_for(
+      lock, channel_->timeout(), [&] { return queue.front() == rank_ || failed_.load(); });
+  if (granted && !failed_.load()) return;
+  queue.erase(std::find(queue.begin(), queue.end(), rank_));
+  const int holder = queue.empty() ? -1 : queue.front();
+  lock.unlock();
+  {
+    const std::lock_guard state(state_mutex_);
     rethrow_if_failed();
-    throw TimeoutError(fmt::format("{}: its own mutex, held by rank {}, not granted within {} ms",
-                                   where("win_mutex acquire", name), q.empty() ? -1 : q.front(),
-                                   channel_->timeout().count()));
   }
+  throw TimeoutError(fmt::format("{}: its own mutex, held by rank {}, not granted within {} ms",
+                                 where("win_mutex acquire", name), holder,
+                                 channel_->timeout().count()));
 }
 
 void WindowService::unlock_local(const std::string& name, std::uint64_t id) {
   int next = -1;
   {
-    const std::lock_guard lock(state_mutex_);
-    auto* w = find(id);
+    const auto [w, lock] = lock_window(id, false);
     if (w == nullptr) {
       throw InvalidArgument(fmt::format("{}: no such window", where("win_mutex release", name)));
     }
@@ -656,9 +644,9 @@ void WindowService::unlock_local(const std::string& name, std::uint64_t id) {
     w->mutex_queue.pop_front();
     if (!w->mutex_queue.empty()) next = w->mutex_queue.front();
   }
-  // A remote waiter's grant is the reply to its LOCK.
-  if (next >= 0 && next != rank_) reply(next, Reply{});
-  granted_.notify_all();
+  // A remote waiter's grant is the reply to its LOCK (this rank, the holder,
+  // was at the front, so the next one is another rank).
+  if (next >= 0) reply(next, Reply{});
 }
 
 // -- progress thread --------------------------------------------------------
@@ -683,8 +671,12 @@ void WindowService::serve() {
         "window service on rank {}: its progress thread lost the channel (a peer failed or "
         "exited): {}",
         rank_, e.what())));
+    failed_ = true;
     if (!windows_.empty()) log().error("window service on rank {} stops: {}", rank_, e.what());
-    granted_.notify_all();
+    for (auto& [id, w] : windows_) {
+      const std::lock_guard wake(w->mutex);  // a waiter between its check and its wait
+      w->granted.notify_all();
+    }
   }
 }
 
@@ -704,8 +696,7 @@ void WindowService::serve_one(const Request& request, int sender) {
       }
       Reply answer;
       {
-        const std::lock_guard lock(state_mutex_);
-        auto* w = find(id);
+        const auto [w, lock] = lock_window(id, false);
         if (w == nullptr) {
           answer.status = kNoWindow;
         } else if (w->buffers.count(sender) == 0) {
@@ -731,8 +722,7 @@ void WindowService::serve_one(const Request& request, int sender) {
       Reply answer;
       std::vector<std::byte> data;
       {
-        const std::lock_guard lock(state_mutex_);
-        auto* w = find(id);
+        const auto [w, lock] = lock_window(id, false);
         if (w == nullptr) {
           answer.status = kNoWindow;
         } else if (w->tensor.nbytes() != static_cast<std::size_t>(request.nbytes)) {
@@ -750,8 +740,7 @@ void WindowService::serve_one(const Request& request, int sender) {
       bool now = true;
       Reply answer;
       {
-        const std::lock_guard lock(state_mutex_);
-        auto* w = find(id);
+        const auto [w, lock] = lock_window(id, false);
         if (w == nullptr) {
           answer.status = kNoWindow;  // answered at once, with the error
         } else {
@@ -766,8 +755,7 @@ void WindowService::serve_one(const Request& request, int sender) {
       Reply answer;
       int next = -1;
       {
-        const std::lock_guard lock(state_mutex_);
-        auto* w = find(id);
+        const auto [w, lock] = lock_window(id, false);
         if (w == nullptr) {
           answer.status = kNoWindow;
         } else if (w->mutex_queue.empty() || w->mutex_queue.front() != sender) {
@@ -775,14 +763,11 @@ void WindowService::serve_one(const Request& request, int sender) {
         } else {
           w->mutex_queue.pop_front();
           if (!w->mutex_queue.empty()) next = w->mutex_queue.front();
+          if (next == rank_) w->granted.notify_all();  // this rank's own lock_local waits
         }
       }
       reply(sender, answer);
-      if (next == rank_) {
-        granted_.notify_all();
-      } else if (next >= 0) {
-        reply(next, Reply{});
-      }
+      if (next >= 0 && next != rank_) reply(next, Reply{});
       return;
     }
     default:

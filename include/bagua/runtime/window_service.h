@@ -12,12 +12,17 @@
 // bounded by the timeout, so any size works and a long transfer of a large
 // tensor never trips the timeout as a whole.
 //
-// Locks: `state_mutex_` guards the windows (buffers, versions, p, mutex
-// queues) between the progress thread and the caller's update; `client_mutex_`
-// makes the client side one op at a time (the reply tags carry no sequence,
-// so one outstanding request per rank keeps replies unambiguous); order is
-// client_mutex_ -> state_mutex_ -> reply_mutex_ (replies sent by the progress
-// thread and by a local unlock that grants a remote waiter).
+// Locks: each window's own mutex guards its buffers, versions, p, mutex
+// queue and the writes to its tensor, between the progress thread and the
+// caller's update (an update of one window never delays a put into
+// another); `state_mutex_` guards the set of windows and is held only to
+// find one; `client_mutex_` makes the client side one op at a time (the
+// reply tags carry no sequence, so one outstanding request per rank keeps
+// replies unambiguous). Order: client_mutex_ -> state_mutex_ -> a window's
+// mutex -> reply_mutex_ (replies sent by the progress thread and by a local
+// unlock that grants a remote waiter). A window is erased (win_free) with
+// state_mutex_ and its own mutex held, so whoever found it under its mutex
+// finishes first.
 //
 // Distributed mutexes: one FIFO queue per (window, owner rank), served by
 // the owner's progress thread. A LOCK that must wait gets its grant later as
@@ -118,6 +123,8 @@ class WindowService {
 
  private:
   struct Window {
+    std::mutex mutex;                 // guards everything below
+    std::condition_variable granted;  // this rank's own mutex changed hands
     std::string name;
     TensorView tensor;
     std::map<int, std::vector<std::byte>> buffers;  // by source rank
@@ -146,10 +153,16 @@ class WindowService {
   void serve_one(const Request& request, int sender);
   void reply(int peer, const Reply& message, std::span<const std::byte> data = {});
 
-  Window& window(std::uint64_t id);  // under state_mutex_; InvalidArgument if absent
-  const Window& window(std::uint64_t id) const;
-  Window* find(std::uint64_t id);
-  void rethrow_if_failed() const;  // under state_mutex_
+  // A window found under state_mutex_ and returned with its own mutex held
+  // (window nullptr, no lock, if absent). `check_failure`: first raise the
+  // progress thread's failure, if any.
+  struct Locked {
+    Window* window = nullptr;
+    std::unique_lock<std::mutex> lock;
+  };
+  Locked lock_window(std::uint64_t id, bool check_failure = true) const;
+  Window* find(std::uint64_t id) const;  // under state_mutex_
+  void rethrow_if_failed() const;        // under state_mutex_
   std::string where(const std::string& op, const std::string& name) const;
 
   WindowServiceOptions options_;
@@ -161,9 +174,9 @@ class WindowService {
   mutable std::mutex client_mutex_;
   mutable std::mutex state_mutex_;
   std::mutex reply_mutex_;
-  std::condition_variable granted_;  // this rank's own mutex changed hands
-  std::map<std::uint64_t, Window> windows_;
+  std::map<std::uint64_t, std::unique_ptr<Window>> windows_;
   std::exception_ptr failure_;
+  std::atomic<bool> failed_{false};  // failure_ is set (read without state_mutex_)
   std::atomic<bool> stopping_{false};
   std::thread server_;
 };
