@@ -182,3 +182,40 @@ TEST_CASE("window service: a peer that is gone fails the op within the timeout")
   CHECK(errors[0].find("win_put on rank 0 (window 'gone')") != std::string::npos);
   CHECK(errors[0].find("rank 1") != std::string::npos);
 }
+
+TEST_CASE("window service: push-sum with mutexes conserves the mass on two windows at once") {
+  constexpr int kWorld = 3, kSteps = 40;
+  std::vector<double> totals(kWorld * 2);
+  testing::run_ranks(kWorld, [&](Communicator& comm) {
+    const int r = comm.rank();
+    WindowService service(comm, {.chunk_bytes = 16});
+    // Directed ring plus one chord: out-neighbours of r are r+1 and r+2.
+    std::vector<int> ins{(r + 1) % kWorld, (r + 2) % kWorld};
+    std::vector<double> a(5, r), b(7, 10.0 * r + 1);
+    REQUIRE(service.create("a", view(a), ins, /*zero_init=*/true));
+    REQUIRE(service.create("b", view(b), ins, /*zero_init=*/true));
+    const WindowPeer outs[] = {{(r + 1) % kWorld, 1.0 / 3}, {(r + 2) % kWorld, 1.0 / 3}};
+    const WindowPeer all_in[] = {{ins[0], 1.0}, {ins[1], 1.0}};
+    for (int step = 0; step < kSteps; ++step) {
+      for (auto* name : {"a", "b"}) {
+        auto& x = std::string(name) == "a" ? a : b;
+        service.put(name, view(x), outs, 1.0 / 3, /*accumulate=*/true, /*require_mutex=*/true,
+                    /*with_p=*/true);
+        service.update(name, 1.0, all_in, 1.0, /*reset=*/true, view(x), /*require_mutex=*/true,
+                       /*with_p=*/true);
+      }
+    }
+    comm.barrier();  // every accumulate acknowledged: a last collect takes the rest
+    service.update("a", 1.0, all_in, 1.0, true, view(a), true, true);
+    service.update("b", 1.0, all_in, 1.0, true, view(b), true, true);
+    totals[static_cast<std::size_t>(r)] = a[0];
+    totals[static_cast<std::size_t>(kWorld + r)] = b[6];
+    // p went through the same ops as a tensor of ones: x / p is the average.
+    CHECK(a[0] / service.associated_p("a") == doctest::Approx(1.0).epsilon(1e-9));
+    CHECK(b[6] / service.associated_p("b") == doctest::Approx(11.0).epsilon(1e-9));
+    comm.barrier();
+    CHECK(service.free(""));
+  });
+  CHECK(totals[0] + totals[1] + totals[2] == doctest::Approx(0.0 + 1 + 2).epsilon(1e-12));
+  CHECK(totals[3] + totals[4] + totals[5] == doctest::Approx(1.0 + 11 + 21).epsilon(1e-12));
+}
