@@ -312,6 +312,9 @@ def scenario_win_optimizers(_, epochs, *kinds):
         if kind == "winput":
             opt = bf.DistributedWinPutOptimizer(opt, model=model, window_prefix="wp")
             names = bf.get_current_created_window_names()
+        elif kind == "pullget":
+            opt = bf.DistributedPullGetOptimizer(opt, model=model, window_prefix="pg")
+            names = bf.get_current_created_window_names()
         else:
             opt = bf.DistributedPushSumOptimizer(opt, model=model)
             names = bf.get_current_created_window_names()

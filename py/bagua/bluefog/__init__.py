@@ -104,6 +104,7 @@ from bagua.bluefog.optimizers import (
     DistributedGradientAllreduceOptimizer,
     DistributedHierarchicalNeighborAllreduceOptimizer,
     DistributedNeighborAllreduceOptimizer,
+    DistributedPullGetOptimizer,
     DistributedPushSumOptimizer,
     DistributedWinPutOptimizer,
 )

@@ -35,7 +35,8 @@ from bagua.bluefog import _collectives, _hierarchical, _ops, _state, _windows
 
 __all__ = ["CommunicationType", "DistributedAdaptWithCombineOptimizer",
            "DistributedAdaptThenCombineOptimizer", "DistributedGradientAllreduceOptimizer",
-           "DistributedWinPutOptimizer", "DistributedPushSumOptimizer",
+           "DistributedWinPutOptimizer", "DistributedPullGetOptimizer",
+           "DistributedPushSumOptimizer",
            "DistributedAllreduceOptimizer", "DistributedNeighborAllreduceOptimizer",
            "DistributedHierarchicalNeighborAllreduceOptimizer"]
 
@@ -248,11 +249,16 @@ class _WinPut(_Distributed):
     completes a communication puts the parameter to the out-neighbours
     (``dst_weights``, default all with weight 1), and ``step()`` waits for
     the puts and sets the parameter to the average of itself and the latest
-    values its in-neighbours put (``win_update``), then updates locally."""
+    values its in-neighbours put (``win_update``), then updates locally.
+    With ``_pull`` (pull-get) the forward pass gets the in-neighbours'
+    parameters instead (``src_weights``, their mutexes held)."""
+
+    _pull = False
 
     def __init__(self, optimizer, model, num_steps_per_communication, window_prefix):
         super().__init__(optimizer, model, num_steps_per_communication)
         self.dst_weights = None
+        self.src_weights = None
         self.force_barrier = False
         self._prefix = f"{window_prefix}." if window_prefix is not None else ""
         self._windows: Dict[torch.nn.Parameter, str] = {}
@@ -265,8 +271,13 @@ class _WinPut(_Distributed):
                 self._windows[p] = name
 
     def _on_pass(self):
-        if self._passes == self._steps_per_communication:
-            for p, name in self._windows.items():
+        if self._passes != self._steps_per_communication:
+            return
+        for p, name in self._windows.items():
+            if self._pull:
+                self._handles[p] = _windows.win_get_nonblocking(
+                    name, src_weights=self.src_weights, require_mutex=True)
+            else:
                 self._handles[p] = _windows.win_put_nonblocking(p.data, name,
                                                                 dst_weights=self.dst_weights)
 
@@ -294,6 +305,10 @@ class _WinPut(_Distributed):
             if name in _windows.get_current_created_window_names():
                 _windows.win_free(name)
         self._windows.clear()
+
+
+class _PullGet(_WinPut):
+    _pull = True
 
 
 class _PushSum(_Distributed):
@@ -399,6 +414,15 @@ def DistributedWinPutOptimizer(
     per parameter, named ``window_prefix.name``); knobs ``dst_weights``
     and ``force_barrier``; ``unregister_window()`` frees the windows."""
     return _wrap(_WinPut, optimizer, model, num_steps_per_communication, window_prefix)
+
+
+def DistributedPullGetOptimizer(
+        optimizer: torch.optim.Optimizer, model: Union[torch.nn.Module, List[torch.nn.Module]],
+        num_steps_per_communication: int = 1, window_prefix: str = None):
+    """As DistributedWinPutOptimizer, pulling: the forward pass gets the
+    in-neighbours' parameters (knob ``src_weights``; unexported in
+    BlueFog)."""
+    return _wrap(_PullGet, optimizer, model, num_steps_per_communication, window_prefix)
 
 
 def DistributedPushSumOptimizer(
