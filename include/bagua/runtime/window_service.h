@@ -14,9 +14,10 @@
 //
 // Locks: each window's own mutex guards its buffers, versions, p, mutex
 // queue and the writes to its tensor, between the progress thread and the
-// caller's update (an update of one window never delays a put into
-// another); `state_mutex_` guards the set of windows and is held only to
-// find one; `client_mutex_` makes the client side one op at a time (the
+// caller's update (while the thread applies a put to one window, an update
+// of another runs); `state_mutex_` guards the set of windows and is held to
+// find one and lock it (so a lookup may wait while another thread waits for
+// a busy window); `client_mutex_` makes the client side one op at a time (the
 // reply tags carry no sequence, so one outstanding request per rank keeps
 // replies unambiguous). Order: client_mutex_ -> state_mutex_ -> a window's
 // mutex -> reply_mutex_ (replies sent by the progress thread and by a local
