@@ -1,6 +1,9 @@
 // The neighbour ops behind `bagua.bluefog`: NeighborAllreduce and
 // NeighborAllgather (include/bagua/ops/neighbor_*.h), each bound to the
 // communicator it was made with. Options are keyword-only, as the other ops'.
+// And the WindowService of the win_* calls (bagua/runtime/window_service.h):
+// weights travel as (rank, weight) pairs; every call that communicates or
+// waits releases the GIL.
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -11,6 +14,7 @@
 
 #include "bagua/ops/neighbor_allgather.h"
 #include "bagua/ops/neighbor_allreduce.h"
+#include "bagua/runtime/window_service.h"
 #include "bindings.h"
 
 namespace bagua::python {
@@ -75,11 +79,70 @@ void bind_neighbor_allgather(py::module_& m) {
            ReleaseGil());
 }
 
+std::vector<WindowPeer> to_peers(const Weights& pairs) {
+  std::vector<WindowPeer> out;
+  for (const auto& [rank, weight] : pairs) out.push_back({rank, weight});
+  return out;
+}
+
+void bind_window_service(py::module_& m) {
+  py::class_<WindowService, std::shared_ptr<WindowService>>(m, "WindowService")
+      .def(py::init([](Communicator& comm, std::size_t chunk_bytes) {
+             return std::make_shared<WindowService>(
+                 comm, WindowServiceOptions{.chunk_bytes = chunk_bytes});
+           }),
+           py::arg("communicator"), py::kw_only(),
+           py::arg("chunk_bytes") = WindowServiceOptions{}.chunk_bytes, ReleaseGil())
+      .def("create", &WindowService::create, py::arg("name"), py::arg("tensor"), py::arg("sources"),
+           py::arg("zero_init"), py::arg("refusal") = "", ReleaseGil())
+      .def("free", &WindowService::free, py::arg("name"), ReleaseGil())
+      .def("names", &WindowService::names)
+      .def("exists", &WindowService::exists, py::arg("name"))
+      .def(
+          "put",
+          [](WindowService& s, const std::string& name, const TensorView& data,
+             const Weights& destinations, double self_weight, bool accumulate, bool require_mutex,
+             bool with_p) {
+            const auto peers = to_peers(destinations);
+            s.put(name, data, peers, self_weight, accumulate, require_mutex, with_p);
+          },
+          py::arg("name"), py::arg("data"), py::arg("destinations"), py::kw_only(),
+          py::arg("self_weight"), py::arg("accumulate"), py::arg("require_mutex"),
+          py::arg("with_p"), ReleaseGil())
+      .def(
+          "get",
+          [](WindowService& s, const std::string& name, const Weights& sources, bool require_mutex,
+             bool with_p) {
+            const auto peers = to_peers(sources);
+            s.get(name, peers, require_mutex, with_p);
+          },
+          py::arg("name"), py::arg("sources"), py::kw_only(), py::arg("require_mutex"),
+          py::arg("with_p"), ReleaseGil())
+      .def(
+          "update",
+          [](WindowService& s, const std::string& name, double self_weight,
+             const Weights& neighbors, double divisor, bool reset, const TensorView& out,
+             bool require_mutex, bool with_p) {
+            const auto peers = to_peers(neighbors);
+            s.update(name, self_weight, peers, divisor, reset, out, require_mutex, with_p);
+          },
+          py::arg("name"), py::arg("self_weight"), py::arg("neighbors"), py::kw_only(),
+          py::arg("divisor"), py::arg("reset"), py::arg("out"), py::arg("require_mutex"),
+          py::arg("with_p"), ReleaseGil())
+      .def("versions", &WindowService::versions, py::arg("name"))
+      .def("associated_p", &WindowService::associated_p, py::arg("name"))
+      .def("lock", &WindowService::lock, py::arg("name"), py::arg("ranks"), ReleaseGil())
+      .def("unlock", &WindowService::unlock, py::arg("name"), py::arg("ranks"), ReleaseGil())
+      .def_property_readonly("rank", &WindowService::rank)
+      .def_property_readonly("size", &WindowService::size);
+}
+
 }  // namespace
 
 void bind_bluefog(py::module_& m) {
   bind_neighbor_allreduce(m);
   bind_neighbor_allgather(m);
+  bind_window_service(m);
 }
 
 }  // namespace bagua::python

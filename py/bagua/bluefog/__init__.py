@@ -74,6 +74,28 @@ from bagua.bluefog._timeline import (
     timeline_end_activity,
     timeline_start_activity,
 )
+from bagua.bluefog._windows import (
+    get_current_created_window_names,
+    get_win_version,
+    neighbor_win_put,
+    neighbor_win_put_nonblocking,
+    turn_off_win_ops_with_associated_p,
+    turn_on_win_ops_with_associated_p,
+    win_accumulate,
+    win_accumulate_nonblocking,
+    win_associated_p,
+    win_create,
+    win_free,
+    win_get,
+    win_get_nonblocking,
+    win_mutex,
+    win_poll,
+    win_put,
+    win_put_nonblocking,
+    win_update,
+    win_update_then_collect,
+    win_wait,
+)
 from bagua.bluefog.optimizers import (
     CommunicationType,
     DistributedAdaptThenCombineOptimizer,
@@ -82,6 +104,9 @@ from bagua.bluefog.optimizers import (
     DistributedGradientAllreduceOptimizer,
     DistributedHierarchicalNeighborAllreduceOptimizer,
     DistributedNeighborAllreduceOptimizer,
+    DistributedPullGetOptimizer,
+    DistributedPushSumOptimizer,
+    DistributedWinPutOptimizer,
 )
 from bagua.bluefog.topology_util import (
     ExponentialGraph,

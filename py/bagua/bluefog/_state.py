@@ -49,6 +49,7 @@ class _State:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bagua-bluefog")
         self.handles = {}
         self.next_handle = 0
+        self.windows = None  # bagua.bluefog._windows, from the first win_create
 
     def _machine_communicator(self):
         """The communicator of this rank's machine (consecutive ranks,
@@ -106,6 +107,8 @@ def shutdown() -> None:
     """Stops BlueFog's worker thread; idempotent. bagua's process group stays."""
     global _state
     if _state is not None:
+        from bagua.bluefog import _windows
+        _windows.close()
         _state.executor.shutdown(wait=True)
         _state = None
 

@@ -31,10 +31,12 @@ from typing import Dict, List, Union
 
 import torch
 
-from bagua.bluefog import _collectives, _hierarchical, _ops
+from bagua.bluefog import _collectives, _hierarchical, _ops, _state, _windows
 
 __all__ = ["CommunicationType", "DistributedAdaptWithCombineOptimizer",
            "DistributedAdaptThenCombineOptimizer", "DistributedGradientAllreduceOptimizer",
+           "DistributedWinPutOptimizer", "DistributedPullGetOptimizer",
+           "DistributedPushSumOptimizer",
            "DistributedAllreduceOptimizer", "DistributedNeighborAllreduceOptimizer",
            "DistributedHierarchicalNeighborAllreduceOptimizer"]
 
@@ -242,6 +244,137 @@ class _GradientAllreduce(_Distributed):
         p.grad.copy_(result)
 
 
+class _WinPut(_Distributed):
+    """Asynchronous: one window per parameter; the forward pass that
+    completes a communication puts the parameter to the out-neighbours
+    (``dst_weights``, default all with weight 1), and ``step()`` waits for
+    the puts and sets the parameter to the average of itself and the latest
+    values its in-neighbours put (``win_update``), then updates locally.
+    With ``_pull`` (pull-get) the forward pass gets the in-neighbours'
+    parameters instead (``src_weights``, their mutexes held)."""
+
+    _pull = False
+
+    def __init__(self, optimizer, model, num_steps_per_communication, window_prefix):
+        super().__init__(optimizer, model, num_steps_per_communication)
+        self.dst_weights = None
+        self.src_weights = None
+        self.force_barrier = False
+        self._prefix = f"{window_prefix}." if window_prefix is not None else ""
+        self._windows: Dict[torch.nn.Parameter, str] = {}
+        if _state.size() > 1:
+            for p in self._parameters():
+                name = self._prefix + self._names[p]
+                if not _windows.win_create(p.data, name):
+                    raise ValueError(f"DistributedWinPutOptimizer: window {name!r} exists already; "
+                                     "pass another window_prefix")
+                self._windows[p] = name
+
+    def _on_pass(self):
+        if self._passes != self._steps_per_communication:
+            return
+        for p, name in self._windows.items():
+            if self._pull:
+                self._handles[p] = _windows.win_get_nonblocking(
+                    name, src_weights=self.src_weights, require_mutex=True)
+            else:
+                self._handles[p] = _windows.win_put_nonblocking(p.data, name,
+                                                                dst_weights=self.dst_weights)
+
+    def synchronize(self):
+        with torch.no_grad():
+            for p, handle in list(self._handles.items()):
+                _windows.win_wait(handle)
+                _windows.win_update(self._windows[p], require_mutex=True)  # into p itself
+        self._handles.clear()
+
+    def step(self, closure=None):
+        if self.force_barrier:
+            _collectives.barrier()
+        communicating = self._communicating()
+        if not self._skip_synchronize:
+            self.synchronize()
+        if communicating:
+            self._reset_passes()
+        return self._base.step(self, closure)
+
+    def unregister_window(self):
+        """Frees the optimizer's windows (collective)."""
+        self.synchronize()
+        for name in self._windows.values():
+            if name in _windows.get_current_created_window_names():
+                _windows.win_free(name)
+        self._windows.clear()
+
+
+class _PullGet(_WinPut):
+    _pull = True
+
+
+class _PushSum(_Distributed):
+    """Push-sum (gradient push): per parameter a window holding the
+    numerator z = x * w and the push-sum weight w as its last element (zero
+    buffers). The forward pass that completes a communication accumulates
+    (z, w) / (d + 1) into each out-neighbour and keeps its own share
+    (``self_weight``, ``dst_weights`` knobs, mutex held); ``step()`` collects
+    what arrived and sets the parameter to z / w, then updates locally. The
+    sum of (z, w) over ranks is conserved, so x = z / w reaches the average
+    even on a directed graph."""
+
+    def __init__(self, optimizer, model, num_steps_per_communication):
+        super().__init__(optimizer, model, num_steps_per_communication)
+        outs = _state.out_neighbor_ranks()
+        self.self_weight = 1.0 / (len(outs) + 1)
+        self.dst_weights = {r: 1.0 / (len(outs) + 1) for r in outs}
+        self.force_barrier = True
+        self._windows: Dict[torch.nn.Parameter, str] = {}
+        self._extended: Dict[torch.nn.Parameter, torch.Tensor] = {}
+        if _state.size() > 1:
+            for p in self._parameters():
+                name = "push_sum." + self._names[p]
+                ext = torch.cat([p.data.reshape(-1), torch.ones(1, dtype=p.dtype)]).contiguous()
+                if not _windows.win_create(ext, name, zero_init=True):
+                    raise ValueError(f"DistributedPushSumOptimizer: window {name!r} exists already")
+                self._windows[p], self._extended[p] = name, ext
+
+    def _on_pass(self):
+        if self._passes != self._steps_per_communication:
+            return
+        with torch.no_grad():
+            for p, name in self._windows.items():
+                ext = self._extended[p]
+                ext[:-1].copy_(p.data.reshape(-1) * ext[-1])  # z = x * w after the local steps
+                self._handles[p] = _windows.win_accumulate_nonblocking(
+                    ext, name, self_weight=self.self_weight, dst_weights=self.dst_weights,
+                    require_mutex=True)
+
+    def synchronize(self):
+        with torch.no_grad():
+            for p, handle in list(self._handles.items()):
+                _windows.win_wait(handle)
+                ext = _windows.win_update_then_collect(self._windows[p])
+                p.data.copy_((ext[:-1] / ext[-1]).reshape(p.shape))
+        self._handles.clear()
+
+    def step(self, closure=None):
+        if self.force_barrier:
+            _collectives.barrier()
+        communicating = self._communicating()
+        if not self._skip_synchronize:
+            self.synchronize()
+        if communicating:
+            self._reset_passes()
+        return self._base.step(self, closure)
+
+    def unregister_window(self):
+        """Frees the optimizer's windows (collective)."""
+        self.synchronize()
+        for name in self._windows.values():
+            if name in _windows.get_current_created_window_names():
+                _windows.win_free(name)
+        self._windows.clear()
+
+
 def _wrap(mixin, optimizer, *args):
     """An instance of a subclass of both ``mixin`` and the optimizer's class."""
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -272,6 +405,33 @@ def DistributedGradientAllreduceOptimizer(
         num_steps_per_communication: int = 1):
     """The gradients averaged over all ranks before each update."""
     return _wrap(_GradientAllreduce, optimizer, model, num_steps_per_communication)
+
+
+def DistributedWinPutOptimizer(
+        optimizer: torch.optim.Optimizer, model: Union[torch.nn.Module, List[torch.nn.Module]],
+        num_steps_per_communication: int = 1, window_prefix: str = None):
+    """Asynchronous neighbour averaging through one-sided puts (one window
+    per parameter, named ``window_prefix.name``); knobs ``dst_weights``
+    and ``force_barrier``; ``unregister_window()`` frees the windows."""
+    return _wrap(_WinPut, optimizer, model, num_steps_per_communication, window_prefix)
+
+
+def DistributedPullGetOptimizer(
+        optimizer: torch.optim.Optimizer, model: Union[torch.nn.Module, List[torch.nn.Module]],
+        num_steps_per_communication: int = 1, window_prefix: str = None):
+    """As DistributedWinPutOptimizer, pulling: the forward pass gets the
+    in-neighbours' parameters (knob ``src_weights``; unexported in
+    BlueFog)."""
+    return _wrap(_PullGet, optimizer, model, num_steps_per_communication, window_prefix)
+
+
+def DistributedPushSumOptimizer(
+        optimizer: torch.optim.Optimizer, model: Union[torch.nn.Module, List[torch.nn.Module]],
+        num_steps_per_communication: int = 1):
+    """Push-sum through win_accumulate (exported here; unexported in
+    BlueFog, issue #112); knobs ``self_weight``, ``dst_weights``,
+    ``force_barrier`` (True by default, as BlueFog)."""
+    return _wrap(_PushSum, optimizer, model, num_steps_per_communication)
 
 
 def _deprecated(old: str, kind: CommunicationType):
