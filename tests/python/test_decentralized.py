@@ -43,13 +43,18 @@ def _reference_average(mode, before, n, rank, step):
                                              ("ring", 4), ("ring", 5)])
 def test_one_step_matches_the_python_reference(mode, world_size, tmp_path):
     results = run_workers("decentralized", world_size, tmp_path, args=(mode,))
+    _check_steps(results, lambda before, rank, step: _reference_average(mode, before, world_size, rank, step))
+
+
+def _check_steps(results, average):
+    """Each rank's weights after each step = average(weights of every rank
+    before it, rank, step) - lr * its gradient; the ranks' weights differ."""
     lr = results[0]["lr"]
     for step in range(len(results[0]["steps"])):
         before = [r["steps"][step]["before"] for r in results]
         for rank, r in enumerate(results):
             s = r["steps"][step]
-            expected = _reference_average(mode, before, world_size, rank, step) - lr * s["grad"]
-            torch.testing.assert_close(s["after"], expected, rtol=0, atol=1e-6)
+            torch.testing.assert_close(s["after"], average(before, rank, step) - lr * s["grad"], rtol=0, atol=1e-6)
         assert any(not torch.equal(before[0], b) for b in before[1:])
 
 
@@ -80,14 +85,7 @@ def _topology_reference(kind, before, n, rank, step):
                                              ("ring_unweighted", 4), ("dynamic", 4), ("dynamic", 5)])
 def test_topology_step_matches_bluefogs_definitions(kind, world_size, tmp_path):
     results = run_workers("decentralized_topology", world_size, tmp_path, args=(kind,))
-    lr = results[0]["lr"]
-    for step in range(len(results[0]["steps"])):
-        before = [r["steps"][step]["before"] for r in results]
-        for rank, r in enumerate(results):
-            s = r["steps"][step]
-            expected = _topology_reference(kind, before, world_size, rank, step) - lr * s["grad"]
-            torch.testing.assert_close(s["after"], expected, rtol=0, atol=1e-6)
-        assert any(not torch.equal(before[0], b) for b in before[1:])
+    _check_steps(results, lambda before, rank, step: _topology_reference(kind, before, world_size, rank, step))
     assert all(n == 5 for n in results[0]["executions"])  # one neighbour allreduce per step
 
 

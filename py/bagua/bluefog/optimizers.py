@@ -244,7 +244,32 @@ class _GradientAllreduce(_Distributed):
         p.grad.copy_(result)
 
 
-class _WinPut(_Distributed):
+class _WindowOptimizer(_Distributed):
+    """What the window optimizers share: one window per parameter in
+    ``self._windows``; ``step()`` (after a barrier with ``force_barrier``)
+    waits for the window ops in flight and applies them, then updates
+    locally."""
+
+    def step(self, closure=None):
+        if self.force_barrier:
+            _collectives.barrier()
+        communicating = self._communicating()
+        if not self._skip_synchronize:
+            self.synchronize()
+        if communicating:
+            self._reset_passes()
+        return self._base.step(self, closure)
+
+    def unregister_window(self):
+        """Frees the optimizer's windows (collective)."""
+        self.synchronize()
+        for name in self._windows.values():
+            if name in _windows.get_current_created_window_names():
+                _windows.win_free(name)
+        self._windows.clear()
+
+
+class _WinPut(_WindowOptimizer):
     """Asynchronous: one window per parameter; the forward pass that
     completes a communication puts the parameter to the out-neighbours
     (``dst_weights``, default all with weight 1), and ``step()`` waits for
@@ -288,30 +313,13 @@ class _WinPut(_Distributed):
                 _windows.win_update(self._windows[p], require_mutex=True)  # into p itself
         self._handles.clear()
 
-    def step(self, closure=None):
-        if self.force_barrier:
-            _collectives.barrier()
-        communicating = self._communicating()
-        if not self._skip_synchronize:
-            self.synchronize()
-        if communicating:
-            self._reset_passes()
-        return self._base.step(self, closure)
-
-    def unregister_window(self):
-        """Frees the optimizer's windows (collective)."""
-        self.synchronize()
-        for name in self._windows.values():
-            if name in _windows.get_current_created_window_names():
-                _windows.win_free(name)
-        self._windows.clear()
 
 
 class _PullGet(_WinPut):
     _pull = True
 
 
-class _PushSum(_Distributed):
+class _PushSum(_WindowOptimizer):
     """Push-sum (gradient push): per parameter a window holding the
     numerator z = x * w and the push-sum weight w as its last element (zero
     buffers). The forward pass that completes a communication accumulates
@@ -356,23 +364,6 @@ class _PushSum(_Distributed):
                 p.data.copy_((ext[:-1] / ext[-1]).reshape(p.shape))
         self._handles.clear()
 
-    def step(self, closure=None):
-        if self.force_barrier:
-            _collectives.barrier()
-        communicating = self._communicating()
-        if not self._skip_synchronize:
-            self.synchronize()
-        if communicating:
-            self._reset_passes()
-        return self._base.step(self, closure)
-
-    def unregister_window(self):
-        """Frees the optimizer's windows (collective)."""
-        self.synchronize()
-        for name in self._windows.values():
-            if name in _windows.get_current_created_window_names():
-                _windows.win_free(name)
-        self._windows.clear()
 
 
 def _wrap(mixin, optimizer, *args):
