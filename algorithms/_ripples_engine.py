@@ -176,6 +176,16 @@ class GroupGeneratorEngine:
         groups it still holds, then :attr:`DONE`. Idempotent."""
         self._engine.leave(_rank(self._world_size, rank))
 
+    def linger(self, rank: int) -> None:
+        """``rank`` stops training but stays available: still chosen by the
+        others' requests, while its own requests create nothing (they return
+        its queued groups, else ``None`` until one arrives). Once every rank
+        that has not left lingers, they all leave. Idempotent."""
+        self._engine.linger(_rank(self._world_size, rank))
+
+    def is_lingering(self, rank: int) -> bool:
+        return self._engine.is_lingering(_rank(self._world_size, rank))
+
     def lock_vector(self) -> List[bool]:
         """Per rank: holds a group (queued or executing)."""
         return self._engine.lock_vector()

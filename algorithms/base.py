@@ -147,6 +147,13 @@ class AlgorithmImpl:
         the forward's inputs and its output. Default: nothing."""
         return do_nothing, do_nothing
 
+    def communication_stats(self) -> List[dict]:
+        """Communication this algorithm runs outside the buckets' ops (on its
+        own communicators), in the form of a bucket op's entry of
+        ``communication_stats()``: name, executions, bytes_sent and
+        total_seconds. Default: none."""
+        return []
+
     def state_dict(self, bagua_ddp) -> dict:
         """This rank's state of the algorithm that a checkpoint must keep
         beyond the module, the optimizers and the engine's step count and

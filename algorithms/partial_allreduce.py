@@ -58,7 +58,9 @@ class GroupGenerator:
     ``with gen.acquire() as group:`` blocks until this rank's next group can
     run; leaving the block completes it. ``close(drain)`` leaves: ``drain``
     runs every group still assigned to this rank, then the rank closes (the
-    host returns once every rank closed).
+    host returns once every rank closed). ``close(drain, linger=True)``
+    first lingers: ``drain`` also runs the groups the still-training ranks
+    choose this rank for, until every rank lingers or left.
     """
 
     def __init__(self, group_size: int = 3, mode: str = "smart", slowdown_threshold: Optional[int] = None,
@@ -101,10 +103,13 @@ class GroupGenerator:
         yield group
         self.complete(group)
 
-    def close(self, drain: Optional[Callable[[Group], None]] = None) -> None:
+    def close(self, drain: Optional[Callable[[Group], None]] = None, linger: bool = False) -> None:
         if self._closed:
             return
-        self._service.leave()
+        if linger:
+            self._service.linger()
+        else:
+            self._service.leave()
         while True:
             group = self.acquire_group()
             if group is None:
@@ -244,6 +249,11 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         self._failed = None      # the error of a failed P-Reduce: no draining after it
         self._history: List[tuple] = []
         self._waited_s = 0.0
+        # communication_stats(): P-Reduces with company, their seconds, and
+        # the bytes of communicators already dropped (abort, then resume).
+        self._reduces = 0
+        self._reduce_s = 0.0
+        self._bytes_of_closed_comms = 0
 
     # -- phases and tensors ------------------------------------------------
     def need_reset(self) -> bool:
@@ -377,13 +387,18 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
                     core.low_precision_partial_allreduce(self._comm, view, group.ranks, group.id)
                 else:
                     self._comm.partial_allreduce(view, view, group.ranks, "avg", group.id, False)
-        self._history.append((step, group.id, list(group.ranks), start, time.monotonic()))
+        end = time.monotonic()
+        if len(group.ranks) > 1:
+            self._reduces += 1
+            self._reduce_s += end - start
+        self._history.append((step, group.id, list(group.ranks), start, end))
         if len(self._history) > 100000:
             del self._history[0]
 
     # -- control --------------------------------------------------------------
-    def abort(self, bagua_ddp) -> None:
-        """Stops this rank's P-Reduces after draining the groups it still owes."""
+    def abort(self, bagua_ddp, linger: bool = True) -> None:
+        """Stops this rank's P-Reduces after draining the groups it still owes
+        (and, with ``linger``, the groups the others choose it for)."""
         if self._aborted or self._comm is None:
             self._aborted = True
             return
@@ -395,21 +410,37 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
             self._inflight = None
             if self._progress is not None:
                 self._progress.stop(core.env().comm_timeout_s + 1.0)
-            self._comm = self._generator = self._progress = None
+            self._drop_communicator()
+            self._generator = self._progress = None
             return
         self._finish_reduce(bagua_ddp)
         self._aborted = True
         params = [p for _, p in bagua_ddp.bagua_build_params()]
         buffers = _flatten_by_dtype(params)
         if self._generator is not None:
-            self._generator.close(drain=lambda group: self._execute(group, buffers, -1))
+            if linger:
+                self._final_group(buffers)
+            self._generator.close(drain=lambda group: self._execute(group, buffers, -1), linger=linger)
         else:
             self._drain_static(bagua_ddp, buffers)
         with torch.no_grad():
             _unflatten_into(buffers, params)
-        self._comm = None
+        self._drop_communicator()
         self._generator = None
         self._progress = None
+
+    def _final_group(self, buffers) -> None:
+        """One more group for the weights as they end (with overlap the last
+        update was applied after the last P-Reduce): the ranks that already
+        stopped linger, so the one that stops last averages with them."""
+        group = self._generator.acquire_group()
+        if group is not None:
+            self._execute(group, buffers, -1)
+            self._generator.complete(group)
+
+    def _drop_communicator(self) -> None:
+        self._bytes_of_closed_comms += self._comm.bytes_sent
+        self._comm = None
 
     def _drain_static(self, bagua_ddp, buffers) -> None:
         progress = self._progress
@@ -431,12 +462,18 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
 
     def shutdown(self, bagua_ddp) -> None:
         try:
-            self.abort(bagua_ddp)
+            self.abort(bagua_ddp, linger=False)  # exiting: nothing gains from lingering
         except Exception as error:  # noqa: BLE001 - a peer gone: nothing left to drain with
             _log.warning("PartialAllReduceAlgorithm: draining at shutdown: %s", error)
 
     def history(self) -> List[tuple]:
         return list(self._history)
+
+    def communication_stats(self) -> List[dict]:
+        bytes_sent = self._bytes_of_closed_comms + (self._comm.bytes_sent if self._comm is not None else 0)
+        name = "low_precision_partial_allreduce" if self.low_precision else "partial_allreduce"
+        return [{"name": name, "executions": self._reduces, "bytes_sent": bytes_sent,
+                 "total_seconds": self._reduce_s}]
 
     def stats(self) -> dict:
         stats = self._generator.stats() if self._generator is not None else {}
@@ -533,10 +570,20 @@ class PartialAllReduceAlgorithm(Algorithm):
     def _impl(bagua_module) -> PartialAllReduceAlgorithmImpl:
         return bagua_module.bagua_ddp.bagua_algorithm_impl
 
-    def abort(self, bagua_module) -> None:
+    def abort(self, bagua_module, linger: bool = True) -> None:
         """This rank stops P-Reducing, after executing the groups it still owes
-        (any rank, any step count); training goes on locally."""
-        self._impl(bagua_module).abort(bagua_module.bagua_ddp)
+        (any rank, any step count); training may go on locally.
+
+        With ``linger`` (random and smart; static always does so), the rank
+        first P-Reduces its final weights in one more group, then stays
+        available to the ranks still training, which keep choosing it for
+        their groups, and returns once every rank has aborted: so the rank
+        that finishes last does not train its last steps alone, and each
+        rank ends near the others' average. A lingering rank that nobody
+        chooses for half of BAGUA_COMM_TIMEOUT_S (the others stopped
+        requesting groups) returns then. ``linger=False`` leaves at once."""
+        check_flags("PartialAllReduceAlgorithm.abort", linger=linger)
+        self._impl(bagua_module).abort(bagua_module.bagua_ddp, linger)
 
     def resume(self, bagua_module) -> None:
         """Collective: P-Reduce again."""

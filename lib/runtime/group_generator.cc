@@ -48,6 +48,7 @@ GroupGeneratorEngine::GroupGeneratorEngine(GroupGeneratorOptions options)
   queues_.resize(n);
   executing_.resize(n);
   left_.assign(n, false);
+  lingering_.assign(n, false);
   waiting_.assign(n, false);
 }
 
@@ -68,8 +69,13 @@ GroupReply GroupGeneratorEngine::request(int rank) {
   BAGUA_CHECK_ARG(!waiting_[r],
                   "group generator request: rank {} already has an outstanding request; poll it",
                   rank);
-  ++counters_[r];
   ++stats_.requests;
+  if (lingering_[r]) {  // no training step to count; creates nothing: waits to be chosen
+    if (!queues_[r].empty()) return pop(rank);
+    waiting_[r] = true;
+    return {.kind = ReplyKind::kWait, .group = {}};
+  }
+  ++counters_[r];
   if (!queues_[r].empty()) return pop(rank);
   if (left_[r]) return {.kind = ReplyKind::kDone, .group = {}};
   if (options_.mode == GroupGenerationMode::kSmart) {
@@ -126,9 +132,37 @@ void GroupGeneratorEngine::complete(int rank, std::uint64_t group_id) {
 
 void GroupGeneratorEngine::leave(int rank) {
   check_rank(rank, "leave");
+  if (left_[static_cast<std::size_t>(rank)]) return;
+  mark_left(rank);
+  release_if_all_linger();
+}
+
+void GroupGeneratorEngine::linger(int rank) {
+  check_rank(rank, "linger");
   const auto r = static_cast<std::size_t>(rank);
-  if (left_[r]) return;
+  if (left_[r] || lingering_[r]) return;
+  lingering_[r] = true;
+  release_if_all_linger();
+}
+
+void GroupGeneratorEngine::release_if_all_linger() {
+  bool anyone = false;
+  for (int w = 0; w < options_.world_size; ++w) {
+    const auto x = static_cast<std::size_t>(w);
+    if (left_[x]) continue;
+    if (!lingering_[x]) return;  // someone still trains: keep lingering
+    anyone = true;
+  }
+  if (!anyone) return;
+  for (int w = 0; w < options_.world_size; ++w) {
+    if (!left_[static_cast<std::size_t>(w)]) mark_left(w);
+  }
+}
+
+void GroupGeneratorEngine::mark_left(int rank) {
+  const auto r = static_cast<std::size_t>(rank);
   left_[r] = true;
+  lingering_[r] = false;
   if (options_.mode != GroupGenerationMode::kRandom) return;
   std::erase_if(pending_, [rank](const Pending& p) { return p.initiator == rank; });
   for (auto& p : pending_) std::erase(p.ranks, rank);
@@ -136,7 +170,9 @@ void GroupGeneratorEngine::leave(int rank) {
   // request would have done, so it does not wait forever.
   for (int w = 0; w < options_.world_size; ++w) {
     const auto x = static_cast<std::size_t>(w);
-    if (waiting_[x] && !left_[x] && queues_[x].empty() && !in_pending(w)) draw_random_group(w);
+    if (waiting_[x] && !left_[x] && !lingering_[x] && queues_[x].empty() && !in_pending(w)) {
+      draw_random_group(w);
+    }
   }
   grant();
 }
@@ -233,7 +269,8 @@ void GroupGeneratorEngine::divide(int rank) {
     const auto x = static_cast<std::size_t>(w);
     if (w != rank) {
       if (left_[x] || !queues_[x].empty() || executing_[x]) continue;
-      if (options_.slowdown_threshold && c_i - counters_[x] >= *options_.slowdown_threshold) {
+      if (options_.slowdown_threshold && !lingering_[x] &&
+          c_i - counters_[x] >= *options_.slowdown_threshold) {
         continue;
       }
     }
@@ -336,6 +373,11 @@ std::optional<Group> GroupGeneratorEngine::executing(int rank) const {
 bool GroupGeneratorEngine::has_left(int rank) const {
   check_rank(rank, "has_left");
   return left_[static_cast<std::size_t>(rank)];
+}
+
+bool GroupGeneratorEngine::is_lingering(int rank) const {
+  check_rank(rank, "is_lingering");
+  return lingering_[static_cast<std::size_t>(rank)];
 }
 
 }  // namespace bagua

@@ -19,6 +19,7 @@ enum Kind : std::int64_t {
   kComplete = 2,
   kLeave = 3,
   kClose = 4,
+  kLinger = 5,
   kGroupReply = 11,
   kDoneReply = 12,
   kClosedReply = 13,
@@ -58,6 +59,7 @@ GroupGeneratorService::GroupGeneratorService(Communicator& comm, GroupGeneratorO
   engine_.emplace(options_);
   closed_.assign(static_cast<std::size_t>(comm.size()), false);
   last_seen_.assign(static_cast<std::size_t>(comm.size()), std::chrono::steady_clock::now());
+  asked_ = last_seen_;
   if (comm.size() > 1) {
     server_ = std::thread([this] { serve(); });
     watchdog_ = std::thread([this] { watch(); });
@@ -83,6 +85,7 @@ std::optional<Group> GroupGeneratorService::acquire() {
   if (is_host()) {
     std::unique_lock lock(mutex_);
     rethrow_if_failed();
+    asked_[static_cast<std::size_t>(rank_)] = asked;
     reply = engine_->request(rank_);
     auto woken = wake_waiters();
     if (!woken.empty()) {
@@ -111,7 +114,10 @@ std::optional<Group> GroupGeneratorService::acquire() {
       reply.group = decode_group(message);
     }
   }
-  if (reply.kind == ReplyKind::kDone) return std::nullopt;
+  if (reply.kind == ReplyKind::kDone) {
+    left_ = true;  // a lingering rank is told DONE once it left
+    return std::nullopt;
+  }
   record_acquired(reply.group, asked);
   return reply.group;
 }
@@ -153,6 +159,23 @@ void GroupGeneratorService::leave() {
     const std::lock_guard lock(mutex_);
     rethrow_if_failed();
     engine_->leave(rank_);
+    deliveries = wake_waiters();
+  }
+  send_deliveries(deliveries);
+}
+
+void GroupGeneratorService::linger() {
+  if (left_ || lingering_) return;
+  lingering_ = true;
+  if (!is_host()) {
+    ask(kLinger, 0, false);
+    return;
+  }
+  std::vector<Delivery> deliveries;
+  {
+    const std::lock_guard lock(mutex_);
+    rethrow_if_failed();
+    engine_->linger(rank_);
     deliveries = wake_waiters();
   }
   send_deliveries(deliveries);
@@ -299,6 +322,7 @@ std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::handle(
                        message[kRank]);
   switch (message[kKind]) {
     case kRequest: {
+      asked_[static_cast<std::size_t>(sender)] = std::chrono::steady_clock::now();
       auto deliveries = deliver(sender, engine_->request(sender));
       auto woken = wake_waiters();
       deliveries.insert(deliveries.end(), woken.begin(), woken.end());
@@ -308,6 +332,7 @@ std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::handle(
       engine_->complete(sender, static_cast<std::uint64_t>(message[kGroupId]));
       return wake_waiters();
     case kLeave: engine_->leave(sender); return wake_waiters();
+    case kLinger: engine_->linger(sender); return wake_waiters();
     case kClose:
       closed_[static_cast<std::size_t>(sender)] = true;
       return {Delivery{sender, encode(kClosedReply, 0)}};
@@ -354,6 +379,11 @@ void GroupGeneratorService::watch() {
   while (!stopping_ && !all_closed() && failure_ == nullptr) {
     changed_.wait_for(lock, period);
     check_silent_ranks();
+    const auto released = release_idle_lingerers();
+    if (released.empty()) continue;
+    lock.unlock();
+    send_deliveries(released);
+    lock.lock();
   }
 }
 
@@ -379,6 +409,25 @@ void GroupGeneratorService::check_silent_ranks() {
     changed_.notify_all();
     return;
   }
+}
+
+std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::release_idle_lingerers() {
+  if (failure_ != nullptr || stopping_) return {};
+  const auto now = std::chrono::steady_clock::now();
+  bool released = false;
+  for (int r : engine_->waiting()) {
+    if (!engine_->is_lingering(r) ||
+        now - asked_[static_cast<std::size_t>(r)] < control_->timeout() / 2) {
+      continue;
+    }
+    log().info(
+        "group generator host (rank {}): rank {} lingered unchosen for half the timeout; "
+        "it leaves",
+        rank_, r);
+    engine_->leave(r);
+    released = true;
+  }
+  return released ? wake_waiters() : std::vector<Delivery>{};
 }
 
 void GroupGeneratorService::rethrow_if_failed() const {

@@ -1,7 +1,7 @@
 // The group generator engine (include/bagua/runtime/group_generator.h), rule
 // by rule: options, the partition sizes of a global division, the paper's
 // 4-worker example, the slowdown filter, inter-intra phases and id order,
-// random-mode granting without overtaking, leave and drain, misuse errors and
+// random-mode granting without overtaking, leave and drain, linger, misuse errors and
 // determinism. The discrete-event simulation is test_group_generator_sim.cc.
 #include <doctest/doctest.h>
 
@@ -408,6 +408,47 @@ TEST_CASE("group generator: leaving in random mode shrinks or drops pending grou
   CHECK(run_once(e2, partner) == h);
   CHECK(e2.drained());
   CHECK(!contains(run_once(e2, 0).ranks, other));
+}
+
+TEST_CASE(
+    "group generator: a lingering rank is still chosen, creates nothing, leaves with the last") {
+  for (auto mode : {GroupGenerationMode::kSmart, GroupGenerationMode::kRandom}) {
+    CAPTURE(to_string(mode));
+    auto o = options(3, 3, mode, 5);
+    if (mode == GroupGenerationMode::kSmart) o.slowdown_threshold = 2;  // skips lingerers
+    GroupGeneratorEngine engine(o);
+    engine.linger(0);
+    engine.linger(0);  // idempotent
+    CHECK(engine.is_lingering(0));
+    CHECK(engine.request(0).kind == ReplyKind::kWait);  // asks for nothing of its own
+    CHECK(engine.stats().groups == 0);
+    // The others still choose it, however far its counter lags.
+    for (int round = 0; round < 3; ++round) {
+      const Group g = group_of(engine.request(1));
+      CHECK(g.ranks == Ranks{0, 1, 2});
+      CHECK(engine.poll(0) == GroupReply{.kind = ReplyKind::kGroup, .group = g});
+      CHECK(group_of(engine.request(2)) == g);
+      for (int r : g.ranks) engine.complete(r, g.id);
+      CHECK(engine.request(0).kind == ReplyKind::kWait);
+      CHECK(!engine.has_left(0));
+    }
+    CHECK(engine.counters() == std::vector<std::int64_t>{0, 3, 3});  // lingering is not training
+    // Rank 2 leaves outright; rank 1 lingers last: everyone leaves.
+    engine.leave(2);
+    CHECK(group_of(engine.request(1)).ranks == Ranks{0, 1});
+    CHECK(group_of(engine.poll(0)).ranks == Ranks{0, 1});
+    engine.complete(0, engine.executing(0)->id);
+    engine.complete(1, engine.executing(1)->id);
+    CHECK(engine.request(0).kind == ReplyKind::kWait);
+    engine.linger(1);
+    CHECK(engine.has_left(0));
+    CHECK(engine.has_left(1));
+    CHECK(!engine.is_lingering(1));
+    CHECK(engine.poll(0).kind == ReplyKind::kDone);
+    CHECK(engine.request(1).kind == ReplyKind::kDone);
+    CHECK(engine.waiting().empty());
+    CHECK(engine.drained());
+  }
 }
 
 TEST_CASE("group generator: misuse raises InvalidArgument naming the rank and the group") {

@@ -25,10 +25,19 @@ struct RankLog {
   std::vector<double> value;
 };
 
-// Each rank takes `requests_of(rank)` groups, then leaves and drains.
-std::vector<RankLog> run_service(int world, GroupGeneratorOptions options,
-                                 const std::function<int(int)>& requests_of,
-                                 std::chrono::milliseconds host_pause = {}) {
+// Odd ranks take longer between requests.
+std::chrono::microseconds uneven_pace(int rank) {
+  return std::chrono::microseconds(rank % 2 == 1 ? 300 : 0);
+}
+
+enum class Stop { kLeave, kLinger };
+
+// Each rank takes `requests_of(rank)` groups, pausing `pause_of(rank)` after
+// each, then leaves (or lingers) and drains.
+std::vector<RankLog> run_service(
+    int world, GroupGeneratorOptions options, const std::function<int(int)>& requests_of,
+    std::chrono::milliseconds host_pause = {}, Stop stop = Stop::kLeave,
+    const std::function<std::chrono::microseconds(int)>& pause_of = uneven_pace) {
   std::vector<RankLog> logs(static_cast<std::size_t>(world));
   options.world_size = world;
   testing::run_ranks(
@@ -46,10 +55,13 @@ std::vector<RankLog> run_service(int world, GroupGeneratorOptions options,
           auto group = service.acquire();
           REQUIRE(group.has_value());
           run(*group);
-          // Uneven pace: odd ranks take longer between requests.
-          if (comm.rank() % 2 == 1) std::this_thread::sleep_for(std::chrono::microseconds(300));
+          std::this_thread::sleep_for(pause_of(comm.rank()));
         }
-        service.leave();
+        if (stop == Stop::kLinger) {
+          service.linger();
+        } else {
+          service.leave();
+        }
         while (auto group = service.acquire()) run(*group);
         if (service.is_host()) std::this_thread::sleep_for(host_pause);
         service.close();
@@ -171,5 +183,72 @@ TEST_CASE("group generator service: the host closing last returns (the others cl
         3, options, [](int rank) { return rank == 0 ? 40 : 5; }, std::chrono::milliseconds(300));
     check_invariants(logs);
     CHECK(logs[0].history.size() >= 40);
+  }
+}
+
+TEST_CASE("group generator service: ranks that stop first linger and average with the last one") {
+  for (auto mode : {GroupGenerationMode::kSmart, GroupGenerationMode::kRandom}) {
+    for (int world : {4}) {
+      CAPTURE(to_string(mode));
+      CAPTURE(world);
+      GroupGeneratorOptions options;
+      options.mode = mode;
+      options.group_size = 3;
+      const int last = world - 1;
+      const auto requests_of = [last](int rank) { return rank == last ? 40 : 5; };
+      const auto pause_of = [last](int rank) {
+        return std::chrono::microseconds(rank == last ? 1000 : 0);
+      };
+      const auto solos_of_last = [last](const std::vector<RankLog>& logs) {
+        const auto& history = logs[static_cast<std::size_t>(last)].history;
+        return std::count_if(history.begin(), history.end(),
+                             [](const ExecutedGroup& g) { return g.group.ranks.size() == 1; });
+      };
+      const auto lingered = run_service(world, options, requests_of, {}, Stop::kLinger, pause_of);
+      check_invariants(lingered);
+      CHECK(solos_of_last(lingered) <= 5);
+      for (int r = 0; r < last; ++r) {  // chosen after they stopped
+        CHECK(lingered[static_cast<std::size_t>(r)].history.size() > 10);
+      }
+      // Leaving instead: the last rank trains its last steps alone.
+      const auto left = run_service(world, options, requests_of, {}, Stop::kLeave, pause_of);
+      check_invariants(left);
+      CHECK(solos_of_last(left) >= 20);
+    }
+  }
+}
+
+TEST_CASE(
+    "group generator service: a lingering rank nobody chooses leaves after half the timeout") {
+  const auto timeout = std::chrono::milliseconds(1000);
+  std::vector<double> lingered_s(3, 0.0);
+  testing::run_ranks(
+      3,
+      [&](Communicator& comm) {
+        GroupGeneratorOptions options;
+        options.world_size = 3;
+        GroupGeneratorService service(comm, options);
+        if (comm.rank() == 2) {
+          std::this_thread::sleep_for(2 * timeout);  // "evaluating": requests nothing
+          auto group = service.acquire();
+          REQUIRE(group.has_value());
+          CHECK(group->ranks == std::vector<int>{2});  // the others left meanwhile
+          service.complete(group->id);
+          service.leave();
+        } else {
+          const auto start = std::chrono::steady_clock::now();
+          service.linger();  // the host (rank 0) and a client (rank 1)
+          CHECK(!service.acquire().has_value());
+          lingered_s[static_cast<std::size_t>(comm.rank())] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        }
+        while (auto group = service.acquire()) service.complete(group->id);
+        service.close();
+      },
+      timeout);
+  for (int r : {0, 1}) {
+    CAPTURE(r);
+    CHECK(lingered_s[static_cast<std::size_t>(r)] >= 0.45);
+    CHECK(lingered_s[static_cast<std::size_t>(r)] < 0.95);
   }
 }

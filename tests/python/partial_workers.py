@@ -129,7 +129,8 @@ def scenario_train(out_dir, generator, overlap, lr, interval="1", group_size="3"
             time.sleep(0.004)  # a slower rank
     algorithm.abort(model)
     _save(out_dir, {"start": start, "end": _flat(model), "grad_sum": grad_sum, "lr": lr,
-                    "history": algorithm.history(model), "stats": algorithm.stats(model)})
+                    "history": algorithm.history(model), "stats": algorithm.stats(model),
+                    "comm_stats": model.bagua_ddp.communication_stats()["algorithm_ops"]})
 
 
 if __name__ == "__main__":

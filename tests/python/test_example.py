@@ -44,5 +44,10 @@ def test_digits_gradient_allreduce_reaches_95_percent(gradient_allreduce_metrics
 def test_algorithm_converges_like_gradient_allreduce(algorithm, gradient_allreduce_metrics, tmp_path):
     metrics = run_example(tmp_path, algorithm)
     reference = gradient_allreduce_metrics["test_accuracy"]
-    for accuracy in metrics["rank_accuracies"]:
+    accuracies = list(metrics["rank_accuracies"])
+    if algorithm.startswith("partial_allreduce"):
+        # P-Reduce ranks linger at abort: each rank's own model, before the
+        # example's final average, must be as good.
+        accuracies += metrics["own_model_accuracies"]
+    for accuracy in accuracies:
         assert accuracy >= reference - 0.015, (algorithm, metrics, reference)

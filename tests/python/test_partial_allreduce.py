@@ -90,6 +90,25 @@ def _check_logs(results):
         assert who == set(ranks), (gid, ranks, who)
 
 
+def _bytes_of_the_executed_groups(results) -> float:
+    """Sum over the executed groups (with company) of 2(|G| - 1) M: what a
+    ring reduce-scatter + allgather among the members sends in all."""
+    model_bytes = results[0]["start"].numel() * 4  # float32 weights
+    groups = {(gid, tuple(ranks)) for r in results for _, gid, ranks, _, _ in r["history"] if len(ranks) > 1}
+    return sum(2 * (len(ranks) - 1) * model_bytes for _, ranks in groups)
+
+
+def _check_communication_stats(results, expected_fraction: float, tolerance: float) -> None:
+    """communication_stats() counts the P-Reduces: their executions, and the
+    bytes sent match the groups executed (design section 5.7, Bytes)."""
+    ops = [r["comm_stats"][0] for r in results]
+    executed = [sum(1 for h in r["history"] if len(h[2]) > 1) for r in results]
+    assert [op["executions"] for op in ops] == executed
+    sent = sum(op["bytes_sent"] for op in ops)
+    expected = expected_fraction * _bytes_of_the_executed_groups(results)
+    assert abs(sent - expected) <= tolerance * expected, (sent, expected)
+
+
 @pytest.mark.parametrize("generator,overlap,world_size", [
     ("smart", "1", 4), ("random", "0", 3), ("static", "1", 5),
 ])
@@ -118,6 +137,7 @@ def test_training_conserves_the_sum_of_weights(generator, overlap, world_size, t
     # Mixing happened: most executed groups had company.
     stats = [r["stats"] for r in results]
     assert sum(s["executed"] - s["executed_solo"] for s in stats) > 0
+    _check_communication_stats(results, expected_fraction=1.0, tolerance=0.001)
 
 
 def test_low_precision_training_conserves_within_the_8bit_error(tmp_path):
@@ -136,3 +156,5 @@ def test_low_precision_training_conserves_within_the_8bit_error(tmp_path):
     # averaging errors of the 8-bit grid, not a lost or doubled update.
     assert error < 0.1 * scale, (error, scale)
     assert sum(s["executed"] - s["executed_solo"] for s in (r["stats"] for r in results)) > 0
+    # A quarter of the bytes, plus each chunk's min and max.
+    _check_communication_stats(results, expected_fraction=0.25, tolerance=0.15)

@@ -50,6 +50,14 @@
 //   group i started is dropped, and a waiting rank left in no pending group
 //   draws a new one; a group reduced to its initiator alone is granted as a
 //   solo). Idempotent.
+// linger(i): i stopped training but stays available to the others: it is
+//   still chosen (divisions and random draws include it, the slowdown filter
+//   skips it: it is done, not slow), but its requests create nothing and are
+//   not counted in c_i: they return its queued groups, else kWait until a
+//   group arrives. Once every
+//   rank that has not left lingers, they all leave (their requests drain,
+//   then kDone). So the ranks that finish first keep averaging with the last
+//   one instead of leaving it to train alone. Idempotent; ignored after leave.
 #pragma once
 
 #include <cstdint>
@@ -143,6 +151,8 @@ class GroupGeneratorEngine {
   void complete(int rank, std::uint64_t group_id);
   // The rank stops training: see the header comment.
   void leave(int rank);
+  // The rank stops training and stays available until all do: see above.
+  void linger(int rank);
 
   // Introspection.
   std::vector<bool> lock_vector() const;       // busy or holding a queued group
@@ -153,6 +163,7 @@ class GroupGeneratorEngine {
   std::vector<Group> pending() const;  // random: drawn, not granted (id 0), in order
   std::optional<Group> executing(int rank) const;  // popped, not completed
   bool has_left(int rank) const;
+  bool is_lingering(int rank) const;  // lingers and has not left yet
   // Groups handed to their members and not yet completed by all of them.
   std::int64_t outstanding_groups() const { return static_cast<std::int64_t>(groups_.size()); }
   // Nothing pending, queued or executing.
@@ -169,6 +180,8 @@ class GroupGeneratorEngine {
   };
 
   void check_rank(int rank, std::string_view what) const;
+  void mark_left(int rank);
+  void release_if_all_linger();
   GroupReply pop(int rank);
   void create(std::vector<int> ranks);  // assigns the next id, queues it
   bool locked(int rank) const;
@@ -188,6 +201,7 @@ class GroupGeneratorEngine {
   std::vector<std::deque<std::uint64_t>> queues_;
   std::vector<std::optional<std::uint64_t>> executing_;
   std::vector<bool> left_;
+  std::vector<bool> lingering_;
   std::vector<bool> waiting_;
   std::map<std::uint64_t, Record> groups_;  // handed out, not completed by all members
   std::vector<Pending> pending_;            // random mode

@@ -8,13 +8,16 @@
 // delay the others. The host's own calls go straight to the engine.
 //
 // Protocol (fixed-size messages of int64: kind, rank, group id, member count,
-// members): a client sends REQUEST and waits for GROUP or DONE; COMPLETE and
-// LEAVE need no answer; CLOSE is answered by CLOSED once the host processed
+// members): a client sends REQUEST and waits for GROUP or DONE; COMPLETE,
+// LEAVE and LINGER need no answer; CLOSE is answered by CLOSED once the host processed
 // it. Every wait of a client is bounded by the communicator's timeout. The
 // host's thread ends when every rank closed; the host's own close() returns
 // only then, so a host that finishes training first never strands the rest.
 // A rank that holds a group and stays silent for the timeout (a dead
 // process: the engine cannot tell) makes the host's calls raise, naming it.
+// A lingering rank (linger()) waits for the others to choose it; one that
+// has waited half the timeout without being chosen (the others went quiet,
+// e.g. to evaluate) is made to leave, so no wait runs into the timeout.
 #pragma once
 
 #include <atomic>
@@ -59,7 +62,11 @@ class GroupGeneratorService {
   // This rank stops training: it is never put in a new group; acquire()
   // still returns the groups already assigned to it, then nullopt.
   void leave();
-  // After leave() and draining. The host returns once every rank closed.
+  // This rank stops training but stays available (the engine's linger):
+  // acquire() returns the groups the others' requests give it, then nullopt
+  // once every rank lingers or left (or after half the timeout unchosen).
+  void linger();
+  // After leave() or linger(), and draining. The host returns once every rank closed.
   void close();
 
   int rank() const { return rank_; }
@@ -96,6 +103,8 @@ class GroupGeneratorService {
   // presumed dead; the host's calls then raise, naming it.
   void watch();
   void check_silent_ranks();  // under mutex_
+  // Lingering ranks waiting for half the timeout leave; returns their replies.
+  std::vector<Delivery> release_idle_lingerers();  // under mutex_
   void rethrow_if_failed() const;
   bool all_closed() const;
 
@@ -121,13 +130,15 @@ class GroupGeneratorService {
   std::thread watchdog_;
   std::atomic<bool> stopping_{false};  // the destructor ends the service early
   std::vector<std::chrono::steady_clock::time_point> last_seen_;  // per rank, the last message
+  std::vector<std::chrono::steady_clock::time_point> asked_;      // per rank, the last request
 
   // This rank's record.
   mutable std::mutex record_mutex_;
   std::vector<ExecutedGroup> history_;
   std::vector<double> latencies_ms_;
   std::optional<std::uint64_t> executing_;
-  bool left_ = false;
+  bool left_ = false;  // left, or lingered until told DONE
+  bool lingering_ = false;
   bool closed_self_ = false;
 };
 

@@ -194,9 +194,13 @@ class BaguaDistributedDataParallel:
         self._bagua_backend.wait_pending_comm_ops()
 
     def communication_stats(self) -> dict:
-        """Per bucket: tensors, bytes, and per op its executions and seconds
-        spent on the communication thread since the buckets were last built."""
-        return json.loads(self._bagua_backend.stats_json())
+        """Per bucket: tensors, bytes, and per op its executions, bytes sent
+        and seconds spent on the communication thread since the buckets were
+        last built; under ``algorithm_ops`` the same figures for what the
+        algorithm communicates outside the buckets (e.g. P-Reduce)."""
+        stats = json.loads(self._bagua_backend.stats_json())
+        stats["algorithm_ops"] = self.bagua_algorithm_impl.communication_stats()
+        return stats
 
     # -- checkpoints --------------------------------------------------------------
     def state_dict(self) -> dict:
