@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import launch, machine  # noqa: E402
 
 ALGORITHMS = ["gradient_allreduce", "smart", "random", "static", "async_model_average"]
+# also accepted in --algorithms: smart_lp, random_lp, static_lp (low_precision=True)
 BATCH = 32
 
 
@@ -41,9 +42,11 @@ def _make(name, world):
         return gradient_allreduce.GradientAllReduceAlgorithm()
     if name == "async_model_average":
         return async_model_average.AsyncModelAverageAlgorithm(sync_interval_ms=50)
-    if name == "smart":
-        return PartialAllReduceAlgorithm(group_size=min(3, world), group_generator="smart", slowdown_threshold=5)
-    return PartialAllReduceAlgorithm(group_size=min(3, world), group_generator=name)
+    # "<generator>_lp": the same with MinMaxUInt8 on the wire inside the group
+    generator, low_precision = name.removesuffix("_lp"), name.endswith("_lp")
+    threshold = 5 if generator == "smart" else None
+    return PartialAllReduceAlgorithm(group_size=min(3, world), group_generator=generator,
+                                     slowdown_threshold=threshold, low_precision=low_precision)
 
 
 def _run(name, args, rank, world, slowdown):

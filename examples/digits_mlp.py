@@ -59,6 +59,10 @@ ALGORITHMS = {
         sgd, lambda opt, args, generator=generator: partial_allreduce.PartialAllReduceAlgorithm(
             group_size=3, group_generator=generator))
        for generator in ("smart", "random", "static")},
+    # the same with MinMaxUInt8 on the wire inside each group
+    "partial_allreduce_smart_low_precision": (
+        sgd, lambda opt, args: partial_allreduce.PartialAllReduceAlgorithm(
+            group_size=3, group_generator="smart", low_precision=True)),
 }
 
 

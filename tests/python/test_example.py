@@ -39,7 +39,8 @@ def test_digits_gradient_allreduce_reaches_95_percent(gradient_allreduce_metrics
 @pytest.mark.parametrize("algorithm", [
     "bytegrad", "qadam", "low_precision_decentralized", "low_precision_decentralized_ring",
     "decentralized", "decentralized_shift_one", "decentralized_ring", "async_model_average",
-    "partial_allreduce_smart", "partial_allreduce_random", "partial_allreduce_static", "powersgd",
+    "partial_allreduce_smart", "partial_allreduce_random", "partial_allreduce_static",
+    "partial_allreduce_smart_low_precision", "powersgd",
 ])  # "auto" trains as the algorithm it picks: test_auto.py checks that choice and its run
 def test_algorithm_converges_like_gradient_allreduce(algorithm, gradient_allreduce_metrics, tmp_path):
     metrics = run_example(tmp_path, algorithm)
