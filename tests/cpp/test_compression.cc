@@ -381,16 +381,19 @@ TEST_CASE("low-precision neighbour allreduce: bad patterns are refused") {
       return LowPrecisionNeighborAllreduceOp(bucket_comm, view_of(w), std::move(replicas), 10,
                                              DType::kFloat32, std::move(o));
     };
-    LowPrecisionNeighborOptions self_source{.sources = {{rank, 0.5}}};
+    LowPrecisionNeighborOptions self_source;
+    self_source.sources = {{rank, 0.5}};
     CHECK_THROWS_AS(make(self_source, {view_of(r)}), InvalidArgument);
-    LowPrecisionNeighborOptions two_sources{
-        .sources = {{(rank + 1) % 3, 0.5}, {(rank + 2) % 3, 0.5}}};
+    LowPrecisionNeighborOptions two_sources;
+    two_sources.sources = {{(rank + 1) % 3, 0.5}, {(rank + 2) % 3, 0.5}};
     CHECK_THROWS_WITH_AS(make(two_sources, {view_of(r)}),
                          doctest::Contains("one replica per source"), InvalidArgument);
     // every rank receives from its right neighbour, but sends to its right
     // neighbour too: the check at the first execution fails on every rank.
-    LowPrecisionNeighborOptions mismatched{
-        .self_weight = 0.5, .sources = {{(rank + 1) % 3, 0.5}}, .destinations = {(rank + 1) % 3}};
+    LowPrecisionNeighborOptions mismatched{.self_weight = 0.5,
+                                           .sources = {{(rank + 1) % 3, 0.5}},
+                                           .destinations = {(rank + 1) % 3},
+                                           .check_pattern = true};
     auto op = make(mismatched, {view_of(r)});
     Bucket bucket("bad", {{"x", view_of(x)}});
     CHECK_THROWS_WITH_AS(op.execute(bucket), doctest::Contains("do not match"), InvalidArgument);
