@@ -5,12 +5,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "bagua/compression/minmax_uint8_view.h"
 #include "bagua/ops/centralized_low_precision.h"
@@ -398,6 +400,40 @@ TEST_CASE("low-precision neighbour allreduce: bad patterns are refused") {
     Bucket bucket("bad", {{"x", view_of(x)}});
     CHECK_THROWS_WITH_AS(op.execute(bucket), doctest::Contains("do not match"), InvalidArgument);
   });
+}
+
+TEST_CASE(
+    "low-precision neighbour allreduce: a neighbour that never sends fails within the "
+    "timeout, naming the op, the bucket and the rank") {
+  testing::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        auto bucket_comm = all_ranks(comm);
+        std::vector<float> x(10, 1.0f), w(x), r(x);
+        LowPrecisionNeighborOptions pattern;
+        pattern.check_pattern = false;  // rank 0 expects a message rank 1 never sends
+        std::vector<TensorView> replicas;
+        if (comm.rank() == 0) {
+          pattern.self_weight = 0.5;
+          pattern.sources = {{1, 0.5}};
+          replicas.push_back(view_of(r));
+        }
+        LowPrecisionNeighborAllreduceOp op(bucket_comm, view_of(w), replicas, 10, DType::kFloat32,
+                                           pattern);
+        Bucket bucket("lpn", {{"x", view_of(x)}});
+        if (comm.rank() == 0) {
+          const auto start = std::chrono::steady_clock::now();
+          CHECK_THROWS_WITH_AS(
+              op.execute(bucket),
+              doctest::Contains("low_precision_neighbor_allreduce on bucket 'lpn' (rank 0 of 2)"),
+              TimeoutError);
+          CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+        } else {
+          op.execute(bucket);  // nothing to exchange
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        }
+      },
+      std::chrono::milliseconds(500));
 }
 
 TEST_CASE("the vectorized fp32 compressor writes the portable loop's bytes") {
