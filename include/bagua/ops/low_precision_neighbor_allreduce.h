@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,6 +40,7 @@
 #include "bagua/core/errors.h"
 #include "bagua/ops/decentralized_low_precision.h"
 #include "bagua/ops/hierarchical_op.h"
+#include "bagua/ops/low_precision_exchange.h"
 #include "bagua/ops/neighbor_allreduce.h"
 #include "bagua/ops/neighbor_pattern.h"
 #include "bagua/runtime/bucket.h"
@@ -83,6 +83,7 @@ class LowPrecisionNeighborAllreduceOp final : public HierarchicalOp {
     BAGUA_CHECK_ARG(std::isfinite(options_.self_weight), "{}: the self weight is {}", op,
                     options_.self_weight);
     check_neighbor_ranks(op, "the sources", sources, comm->rank(), comm->size());
+    source_ranks_ = std::move(sources);
     check_neighbor_ranks(op, "the destinations", options_.destinations, comm->rank(), comm->size());
     BAGUA_CHECK_ARG(weight_.numel == bucket_numel && weight_.dtype == bucket_dtype,
                     "{}: the weight copy must match the bucket ({}[{}]), got {}", op,
@@ -126,28 +127,16 @@ class LowPrecisionNeighborAllreduceOp final : public HierarchicalOp {
       pattern_agreed_ = true;
     }
     Compute& c = compute();
-    const std::int64_t numel = x.numel;
-    const std::size_t bytes = minmax_uint8::ChunkedLayout{numel, kChunkElements}.bytes();
-    const auto diff_block = c.scratch(static_cast<std::size_t>(numel) * sizeof(float));
-    const TensorView diff = c.view(diff_block, numel, DType::kFloat32);
+    const auto diff_block = c.scratch(static_cast<std::size_t>(x.numel) * sizeof(float));
+    const TensorView diff = c.view(diff_block, x.numel, DType::kFloat32);
     mix(c, x, diff);
-    const auto mine = c.scratch(bytes);
-    c.compress(diff, kChunkElements, bytes_of(mine));
-    std::vector<CachingAllocator::Block> received;
-    std::vector<PeerMessage> sends, receives;
-    const TensorView mine_view = byte_view(c, mine, bytes);
-    for (int d : options_.destinations) sends.push_back({mine_view, d});
-    for (const auto& s : options_.sources) {
-      received.push_back(c.scratch(bytes));
-      receives.push_back({byte_view(c, received.back(), bytes), s.rank});
-    }
-    exchange(comm, sends, receives, where);
-    for (std::size_t k = 0; k < received.size(); ++k) {
-      c.decompress(bytes_of(received[k]), kChunkElements, replicas_[k], true);
-    }
-    // x = W + Q^-1(Q(d)); W = x: decode into W in place, then copy to x.
-    c.decompress(bytes_of(mine), kChunkElements, weight_, true);
-    c.copy(x.data, weight_.data, x.nbytes());
+    exchange_low_precision_difference(c, comm,
+                                      {.chunk_elements = kChunkElements,
+                                       .sources = source_ranks_,
+                                       .replicas = replicas_,
+                                       .destinations = options_.destinations,
+                                       .where = where},
+                                      diff, weight_, x);
     c.finish(where, comm.timeout());
   }
 
@@ -174,22 +163,10 @@ class LowPrecisionNeighborAllreduceOp final : public HierarchicalOp {
     }
   }
 
-  static void exchange(Communicator& comm, std::span<const PeerMessage> sends,
-                       std::span<const PeerMessage> receives, const std::string& where) {
-    if (sends.empty() && receives.empty()) return;
-    try {
-      comm.send_recv(sends, receives);
-    } catch (const TimeoutError& e) {
-      throw TimeoutError(
-          fmt::format("{}: a neighbour did not exchange within the timeout; {}", where, e.what()));
-    } catch (const BackendError& e) {
-      throw BackendError(fmt::format("{}: {}", where, e.what()));
-    }
-  }
-
   TensorView weight_;
   std::vector<TensorView> replicas_;
   LowPrecisionNeighborOptions options_;
+  std::vector<int> source_ranks_;  // options_.sources' ranks
   NeighborSequence sequence_;
   bool pattern_agreed_ = false;
 };
