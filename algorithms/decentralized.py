@@ -85,7 +85,8 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
         return weight, dict(zip(self.sources, peers))
 
     def _copies_by_tensor(self, bagua_ddp) -> Dict[str, Tuple[torch.Tensor, ...]]:
-        """Each bucketed tensor's slices of (weight, left, right), cloned."""
+        """Each bucketed tensor's slices of the copies (weight, then the
+        neighbours': left and right, or the in-neighbours' in order), cloned."""
         copies_by_tensor = {}
         for bucket in bagua_ddp.bagua_buckets:
             copies = self.peer_weights.get(bucket.name)
