@@ -35,7 +35,6 @@
 #include <fmt/format.h>
 
 #include "bagua/comm/communicator.h"
-#include "bagua/compression/chunked_layout.h"
 #include "bagua/compression/minmax_uint8_view.h"
 #include "bagua/core/errors.h"
 #include "bagua/ops/decentralized_low_precision.h"
