@@ -10,7 +10,10 @@ before the optimizer step.
 
 ``LowPrecisionDecentralizedAlgorithm``: after each optimizer step every rank
 exchanges the 8-bit compressed change of its weights with its two ring
-neighbours (D_LP_S) and moves to the average of the three.
+neighbours (D_LP_S) and moves to the average of the three; or, with a
+``topology`` (a static BlueFog graph), with its in- and out-neighbours in
+the graph, mixing with the graph's weights (low-precision neighbour
+allreduce).
 """
 
 from typing import Dict, List, Tuple
@@ -41,19 +44,49 @@ def _flat_weights(bucket) -> torch.Tensor:
 
 
 class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
-    def __init__(self, process_group, hierarchical: bool = True, communication_interval: int = 1):
+    def __init__(self, process_group, hierarchical: bool = True, communication_interval: int = 1,
+                 topology=None):
         super().__init__(process_group)
         self.hierarchical = hierarchical
         self.communication_interval = communication_interval
-        # bucket name -> (weight, left peer weight, right peer weight)
-        self.peer_weights: Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # With a topology: (self weight, {in-neighbour: weight}, out-neighbours)
+        # of this rank, and the in-neighbours in the order of the copies.
+        self.pattern = None
+        self.sources: List[int] = []
+        if topology is not None:
+            self_weight, src_weights, dst_weights = _TopologyPatterns(
+                topology, process_group.get_rank(), process_group.get_size(),
+                name="LowPrecisionDecentralizedAlgorithm").next()
+            if self_weight is None:  # unweighted graph: the uniform average
+                self_weight = 1.0 / (len(src_weights) + 1)
+                src_weights = {r: self_weight for r in src_weights}
+            self.pattern = (self_weight, src_weights, sorted(dst_weights))
+            self.sources = sorted(src_weights)
+        # bucket name -> (weight, left peer weight, right peer weight); with a
+        # topology (weight, copy of each in-neighbour's weight in the order of
+        # self.sources): see copies()
+        self.peer_weights: Dict[str, Tuple[torch.Tensor, ...]] = {}
         # tensor name -> its slices of the copies, kept across re-bucketing
         self._saved_copies: Dict[str, Tuple[torch.Tensor, ...]] = {}
         # the same, from a checkpoint, adopted at the next re-bucketing
         self._loaded_copies: Dict[str, Tuple[torch.Tensor, ...]] = {}
 
+    def _copy_count(self) -> int:
+        return 3 if self.pattern is None else 1 + len(self.sources)
+
+    def copies(self, bucket_name: str) -> Tuple[torch.Tensor, Dict[int, torch.Tensor]]:
+        """This rank's copy of its own weights (W) and of each neighbour's,
+        by rank (ring: the left and right neighbours; with a topology: the
+        in-neighbours), for the bucket ``bucket_name``."""
+        weight, *peers = self.peer_weights[bucket_name]
+        if self.pattern is None:
+            n, rank = self.process_group.get_size(), self.process_group.get_rank()
+            return weight, {(rank - 1) % n: peers[0], (rank + 1) % n: peers[1]}
+        return weight, dict(zip(self.sources, peers))
+
     def _copies_by_tensor(self, bagua_ddp) -> Dict[str, Tuple[torch.Tensor, ...]]:
-        """Each bucketed tensor's slices of (weight, left, right), cloned."""
+        """Each bucketed tensor's slices of the copies (weight, then the
+        neighbours': left and right, or the in-neighbours' in order), cloned."""
         copies_by_tensor = {}
         for bucket in bagua_ddp.bagua_buckets:
             copies = self.peer_weights.get(bucket.name)
@@ -77,9 +110,18 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
         return weight_tensors(bagua_ddp)
 
     def state_dict(self, bagua_ddp) -> dict:
-        return {"peer_weights": self._copies_by_tensor(bagua_ddp)}
+        state = {"peer_weights": self._copies_by_tensor(bagua_ddp)}
+        if self.pattern is not None:
+            state["sources"] = list(self.sources)
+        return state
 
     def load_state_dict(self, bagua_ddp, state: dict) -> None:
+        sources = state.get("sources")
+        if (sources is None) != (self.pattern is None) or (sources is not None and sources != self.sources):
+            raise InvalidArgumentError(
+                "LowPrecisionDecentralizedAlgorithm: the checkpoint's copies are of the neighbours "
+                f"{'of the ring' if sources is None else sources}, this algorithm's "
+                f"{'of the ring' if self.pattern is None else self.sources} (topology differs)")
         self._loaded_copies = dict(state["peer_weights"])
 
     def ranks_share_weights(self) -> bool:
@@ -88,16 +130,23 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
         saved = self._saved_copies
+        count = self._copy_count()
         if all(t.bagua_tensor_name in saved for t in bucket.tensors):
-            weight, left, right = (torch.cat([saved[t.bagua_tensor_name][i] for t in bucket.tensors])
-                                   .to(bucket.device) for i in range(3))
+            copies = tuple(torch.cat([saved[t.bagua_tensor_name][i] for t in bucket.tensors])
+                           .to(bucket.device) for i in range(count))
         else:
             flat = _flat_weights(bucket)
-            weight, left, right = flat.clone(), flat.clone(), flat.clone()
-        self.peer_weights[bucket.name] = (weight, left, right)
-        bucket.append_low_precision_decentralized_synchronous_op(
-            weight, left, right, hierarchical=self.hierarchical, compression="MinMaxUInt8",
-            group=self.process_group)
+            copies = tuple(flat.clone() for _ in range(count))
+        self.peer_weights[bucket.name] = copies
+        if self.pattern is None:
+            bucket.append_low_precision_decentralized_synchronous_op(
+                *copies, hierarchical=self.hierarchical, compression="MinMaxUInt8",
+                group=self.process_group)
+            return
+        self_weight, src_weights, dst_ranks = self.pattern
+        bucket.append_low_precision_neighbor_allreduce_op(
+            copies[0], dict(zip(self.sources, copies[1:])), self_weight, src_weights, dst_ranks,
+            compression="MinMaxUInt8", group=self.process_group)
 
     def init_backward_hook(self, bagua_ddp):
         return do_nothing  # weights, not gradients, are communicated
@@ -115,22 +164,39 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
 
 
 class LowPrecisionDecentralizedAlgorithm(Algorithm):
-    def __init__(self, hierarchical: bool = True, communication_interval: int = 1):
+    def __init__(self, hierarchical: bool = True, communication_interval: int = 1, topology=None):
         """
         Args:
             hierarchical: average inside each node in full precision first; the
-                ring runs among node leaders.
+                ring runs among node leaders. Must be False with a ``topology``.
             communication_interval: communicate every this many steps (on steps
                 1, 1 + k, 1 + 2k, ...).
+            topology: None for the ring (D_LP_S); or a static
+                networkx.DiGraph over the group's ranks (e.g.
+                ``bagua.bluefog.topology_util.ExponentialGraph(n)``): each rank
+                mixes with its in-neighbours using the graph's weights into it
+                (``GetRecvWeights``; the uniform average with its in-neighbours
+                when the edges have no weights) and sends its compressed change
+                to its out-neighbours. Dynamic schedules are not supported.
         """
-        check_flags(type(self).__name__, hierarchical=hierarchical)
-        check_integer(type(self).__name__, "communication_interval", communication_interval, 1)
+        name = type(self).__name__
+        check_flags(name, hierarchical=hierarchical)
+        check_integer(name, "communication_interval", communication_interval, 1)
+        if topology is not None:
+            if not hasattr(topology, "predecessors"):
+                raise InvalidArgumentError(
+                    f"{name}: topology must be a static networkx.DiGraph over the ranks (dynamic schedules "
+                    f"are not supported), got {type(topology).__name__}")
+            if hierarchical:
+                raise InvalidArgumentError(f"{name}: a topology sets the peers of every rank; pass "
+                                           "hierarchical=False with it")
         self.hierarchical = hierarchical
         self.communication_interval = communication_interval
+        self.topology = topology
 
     def reify(self, process_group) -> LowPrecisionDecentralizedAlgorithmImpl:
         return LowPrecisionDecentralizedAlgorithmImpl(process_group, self.hierarchical,
-                                                      self.communication_interval)
+                                                      self.communication_interval, self.topology)
 
 
 class _TopologyPatterns:
@@ -141,8 +207,8 @@ class _TopologyPatterns:
     unweighted default), or an iterator of (send ranks, receive ranks) per
     step, BlueFog's dynamic schedules (uniform weights 1 / (receives + 1))."""
 
-    def __init__(self, topology, rank: int, size: int):
-        self.rank, self.size = rank, size
+    def __init__(self, topology, rank: int, size: int, name: str = "DecentralizedAlgorithm"):
+        self.rank, self.size, self.name = rank, size, name
         self.static = None
         if hasattr(topology, "predecessors"):  # a networkx graph
             self.static = self._static_pattern(topology)
@@ -150,14 +216,14 @@ class _TopologyPatterns:
             self.schedule = topology
         else:
             raise InvalidArgumentError(
-                "DecentralizedAlgorithm: topology must be a networkx.DiGraph over the ranks or an iterator "
+                f"{name}: topology must be a networkx.DiGraph over the ranks or an iterator "
                 f"of (send ranks, receive ranks) per step, got {type(topology).__name__}")
 
     def _static_pattern(self, graph):
         from bagua.bluefog import topology_util
 
         if sorted(graph.nodes()) != list(range(self.size)):
-            raise InvalidArgumentError(f"DecentralizedAlgorithm: the topology must have the {self.size} nodes "
+            raise InvalidArgumentError(f"{self.name}: the topology must have the {self.size} nodes "
                                        f"0..{self.size - 1} (one per rank), got {graph.number_of_nodes()} nodes")
         _, sends = topology_util.GetSendWeights(graph, self.rank)
         destinations = {r: 1.0 for r in sends}
@@ -168,7 +234,7 @@ class _TopologyPatterns:
         total = self_weight + sum(sources.values())
         if abs(total - 1.0) > 1e-6:
             raise InvalidArgumentError(
-                f"DecentralizedAlgorithm: the topology's weights into rank {self.rank} (itself included) sum "
+                f"{self.name}: the topology's weights into rank {self.rank} (itself included) sum "
                 f"to {total:g}; averaging needs 1 (or leave the edges without weights for uniform averaging)")
         return self_weight, sources, destinations
 

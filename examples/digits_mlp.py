@@ -50,6 +50,12 @@ ALGORITHMS = {
     # the ring among all ranks, no intra-node averaging first
     "low_precision_decentralized_ring": (
         sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm(hierarchical=False)),
+    # over a BlueFog graph of the ranks (--topology), full and low precision
+    "decentralized_topology": (sgd, lambda opt, args: decentralized.DecentralizedAlgorithm(
+        hierarchical=False, topology=topology(args))),
+    "low_precision_decentralized_topology": (
+        sgd, lambda opt, args: decentralized.LowPrecisionDecentralizedAlgorithm(
+            hierarchical=False, topology=topology(args))),
     # low-rank gradients (rank 2) after 100 plain steps, error feedback
     "powersgd": (sgd, lambda opt, args: powersgd.PowerSGDAlgorithm(rank=2, start_iter=args.warmup_steps)),
     # measures the first 3 steps, then runs the algorithm predicted fastest here
@@ -65,6 +71,17 @@ ALGORITHMS = {
             group_size=3, group_generator="smart", low_precision=True)),
 }
 
+
+TOPOLOGIES = ("exponential", "ring", "star", "mesh")
+
+
+def topology(args):
+    """The --topology graph over the world's ranks (bagua.bluefog.topology_util)."""
+    from bagua.bluefog import topology_util
+
+    n = bagua.get_world_size()
+    return {"exponential": topology_util.ExponentialGraph, "ring": topology_util.RingGraph,
+            "star": topology_util.StarGraph, "mesh": topology_util.MeshGrid2DGraph}[args.topology](n)
 
 
 class MLP(torch.nn.Module):
@@ -139,6 +156,8 @@ def main():
     parser.add_argument("--no-final-average", action="store_true",
                         help="async model average: end with abort(model) alone, each rank keeping "
                              "its own model, instead of abort(model, average=True)")
+    parser.add_argument("--topology", default="exponential", choices=TOPOLOGIES,
+                        help="the graph of the *_topology algorithms")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", help="write the final metrics as JSON to this file (rank 0)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],

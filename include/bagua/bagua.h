@@ -19,6 +19,7 @@
 #include "bagua/ops/centralized_synchronous.h"
 #include "bagua/ops/decentralized_low_precision.h"
 #include "bagua/ops/decentralized_synchronous.h"
+#include "bagua/ops/low_precision_neighbor_allreduce.h"
 #include "bagua/ops/neighbor_allreduce_op.h"
 #include "bagua/ops/op_steps.h"
 #include "bagua/ops/peer_selection.h"

@@ -80,6 +80,28 @@ void bind_decentralized_options(py::module_& m) {
       .def("__repr__", [](const L& o) {
         return "LowPrecisionDecentralizedOptions(hierarchical=" + flag(o.hierarchical) + ")";
       });
+  using N = LowPrecisionNeighborOptions;
+  using Weights = std::vector<std::pair<int, double>>;
+  py::class_<N>(m, "LowPrecisionNeighborOptions")
+      .def(py::init([](double self_weight, const Weights& sources, std::vector<int> destinations,
+                       bool check_pattern) {
+             N o{.self_weight = self_weight,
+                 .sources = {},
+                 .destinations = std::move(destinations),
+                 .check_pattern = check_pattern};
+             for (const auto& [rank, weight] : sources) o.sources.push_back({rank, weight});
+             return o;
+           }),
+           py::kw_only(), py::arg("self_weight") = N{}.self_weight, py::arg("sources") = Weights{},
+           py::arg("destinations") = std::vector<int>{},
+           py::arg("check_pattern") = N{}.check_pattern)
+      .def_readonly("self_weight", &N::self_weight)
+      .def_readonly("destinations", &N::destinations)
+      .def_property_readonly("sources", [](const N& o) {
+        Weights out;
+        for (const auto& s : o.sources) out.emplace_back(s.rank, s.weight);
+        return out;
+      });
   using D = DecentralizedSynchronousOptions;
   py::class_<D>(m, "DecentralizedSynchronousOptions")
       .def(py::init([](bool hierarchical, PeerSelection peer_selection) {
@@ -181,6 +203,18 @@ std::shared_ptr<NeighborAllreduceOp> append_neighbor_allreduce(Bucket& b, CommPt
   return op;
 }
 
+void append_low_precision_neighbor_allreduce(Bucket& b, CommPtr comm, const TensorView& weight,
+                                             const std::vector<TensorView>& replicas,
+                                             const LowPrecisionNeighborOptions& options) {
+  BAGUA_CHECK_ARG(comm != nullptr, "append_low_precision_neighbor_allreduce_op: no communicator");
+  require_comm_supports(b, *comm, "append_low_precision_neighbor_allreduce_op");
+  BAGUA_CHECK_ARG(weight.device == b.device(),
+                  "append_low_precision_neighbor_allreduce_op: weight is on {}, bucket '{}' on {}",
+                  weight.device.str(), b.name(), b.device().str());
+  b.append_op(std::make_unique<LowPrecisionNeighborAllreduceOp>(std::move(comm), weight, replicas,
+                                                                b.numel(), b.dtype(), options));
+}
+
 std::shared_ptr<AsyncModelAverageOp> append_asynchronous_model_average(
     Bucket& b, CommPtr dedicated, const AsyncModelAverageOptions& options) {
   if (dedicated) require_comm_supports(b, *dedicated, "append_asynchronous_model_average_op");
@@ -267,6 +301,8 @@ void bind_bucket_ops(BucketClass& c) {
            py::arg("options") = DecentralizedSynchronousOptions{})
       .def("append_neighbor_allreduce_op", &append_neighbor_allreduce, py::arg("communicator"),
            py::arg("peer_weight"))
+      .def("append_low_precision_neighbor_allreduce_op", &append_low_precision_neighbor_allreduce,
+           py::arg("communicator"), py::arg("weight"), py::arg("replicas"), py::arg("options"))
       .def("append_asynchronous_model_average_op", &append_asynchronous_model_average,
            py::arg("communicator"), py::arg("options") = AsyncModelAverageOptions{})
       .def("append_powersgd_op", &append_powersgd, py::arg("communicator"), py::arg("matrices"),

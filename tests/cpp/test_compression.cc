@@ -1,18 +1,24 @@
 // MinMaxUInt8: the error bound over random sizes and ranges, the rule for
 // constant chunks and non-finite values, the byte layout; C_LP_S against an
-// exact allreduce; error feedback; D_LP_S ring consistency.
+// exact allreduce; error feedback; D_LP_S ring consistency and its
+// generalisation to any static graph (low-precision neighbour allreduce).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
+#include <thread>
 
 #include "bagua/compression/minmax_uint8_view.h"
 #include "bagua/ops/centralized_low_precision.h"
 #include "bagua/ops/centralized_synchronous.h"
 #include "bagua/ops/decentralized_low_precision.h"
+#include "bagua/ops/low_precision_neighbor_allreduce.h"
 #include "rank_threads.h"
 #include "typed_buffer.h"
 
@@ -279,6 +285,155 @@ TEST_CASE("D_LP_S keeps every rank's weight equal to its neighbours' copies of i
       }
     }
   }
+}
+
+namespace {
+
+// Rank r's pattern in a graph of `world` ranks: "exponential" (receive from
+// r - 2^j, send to r + 2^j, uniform weights) or "star" around rank 0
+// (BlueFog's StarGraph weights: the centre 1/n for everyone, a leaf keeps
+// 1 - 1/n).
+LowPrecisionNeighborOptions graph_pattern(const std::string& graph, int rank, int world) {
+  LowPrecisionNeighborOptions o;
+  if (graph == "exponential") {
+    std::vector<int> hops;
+    for (int h = 1; h < world; h *= 2) hops.push_back(h);
+    o.self_weight = 1.0 / static_cast<double>(hops.size() + 1);
+    for (int h : hops) {
+      o.sources.push_back({(rank - h + world) % world, o.self_weight});
+      o.destinations.push_back((rank + h) % world);
+    }
+    return o;
+  }
+  const double n = world;
+  o.self_weight = rank == 0 ? 1.0 / n : 1.0 - 1.0 / n;
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == rank || (rank != 0 && peer != 0)) continue;
+    o.sources.push_back({peer, 1.0 / n});
+    o.destinations.push_back(peer);
+  }
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "low-precision neighbour allreduce: each step within the quantization bound of the "
+    "mixing formula, and every W equal to its out-neighbours' replicas of it") {
+  for (const std::string graph : {"exponential", "star"}) {
+    for (int world = 1; world <= 5; ++world) {
+      CAPTURE(graph);
+      CAPTURE(world);
+      const std::int64_t n = 1000;
+      std::vector<std::vector<float>> final_w(world);
+      std::vector<std::vector<std::vector<float>>> final_replicas(world);
+      std::vector<LowPrecisionNeighborOptions> patterns(world);
+      testing::run_ranks(world, [&](Communicator& comm) {
+        auto bucket_comm = all_ranks(comm);
+        const int rank = comm.rank();
+        const auto pattern = graph_pattern(graph, rank, world);
+        std::vector<float> x(static_cast<std::size_t>(n), 0.5f);
+        std::vector<float> w(x);
+        std::vector<std::vector<float>> replicas(pattern.sources.size(), x);
+        std::vector<TensorView> replica_views;
+        for (auto& r : replicas) replica_views.push_back(view_of(r));
+        Bucket bucket("lpn", {{"x", view_of(x)}});
+        bucket.append_op(std::make_unique<LowPrecisionNeighborAllreduceOp>(
+            bucket_comm, view_of(w), replica_views, n, DType::kFloat32, pattern));
+        for (int step = 0; step < 5; ++step) {
+          const auto update = lp_input(rank, n, step);
+          for (std::int64_t i = 0; i < n; ++i)
+            x[static_cast<std::size_t>(i)] -= 0.1f * update[static_cast<std::size_t>(i)];
+          // d = w_ii W + sum_j w_ij X_j + (x - W) - W, exactly
+          std::vector<double> d(static_cast<std::size_t>(n));
+          for (std::size_t i = 0; i < d.size(); ++i) {
+            double mixed = pattern.self_weight * w[i];
+            for (std::size_t k = 0; k < replicas.size(); ++k)
+              mixed += pattern.sources[k].weight * replicas[k][i];
+            d[i] = mixed + x[i] - 2.0 * w[i];
+          }
+          const auto [lo, hi] = std::minmax_element(d.begin(), d.end());
+          const double bound = (*hi - *lo) / 510 * 1.01 + 1e-5;
+          const std::vector<float> w_before(w);
+          bucket.ops().front()->execute(bucket);
+          REQUIRE(x == w);
+          for (std::size_t i = 0; i < d.size(); ++i)
+            REQUIRE(std::abs(w[i] - w_before[i] - d[i]) <= bound);
+        }
+        final_w[rank] = w;
+        final_replicas[rank] = replicas;
+        patterns[rank] = pattern;
+      });
+      for (int rank = 0; rank < world; ++rank) {
+        const auto& sources = patterns[rank].sources;
+        for (std::size_t k = 0; k < sources.size(); ++k) {
+          CHECK(final_replicas[rank][k] == final_w[sources[k].rank]);  // bit for bit
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("low-precision neighbour allreduce: bad patterns are refused") {
+  testing::run_ranks(3, [&](Communicator& comm) {
+    auto bucket_comm = all_ranks(comm);
+    const int rank = comm.rank();
+    std::vector<float> x(10, 1.0f), w(x), r(x);
+    const auto make = [&](LowPrecisionNeighborOptions o, std::vector<TensorView> replicas) {
+      return LowPrecisionNeighborAllreduceOp(bucket_comm, view_of(w), std::move(replicas), 10,
+                                             DType::kFloat32, std::move(o));
+    };
+    LowPrecisionNeighborOptions self_source;
+    self_source.sources = {{rank, 0.5}};
+    CHECK_THROWS_AS(make(self_source, {view_of(r)}), InvalidArgument);
+    LowPrecisionNeighborOptions two_sources;
+    two_sources.sources = {{(rank + 1) % 3, 0.5}, {(rank + 2) % 3, 0.5}};
+    CHECK_THROWS_WITH_AS(make(two_sources, {view_of(r)}),
+                         doctest::Contains("one replica per source"), InvalidArgument);
+    // every rank receives from its right neighbour, but sends to its right
+    // neighbour too: the check at the first execution fails on every rank.
+    LowPrecisionNeighborOptions mismatched{.self_weight = 0.5,
+                                           .sources = {{(rank + 1) % 3, 0.5}},
+                                           .destinations = {(rank + 1) % 3},
+                                           .check_pattern = true};
+    auto op = make(mismatched, {view_of(r)});
+    Bucket bucket("bad", {{"x", view_of(x)}});
+    CHECK_THROWS_WITH_AS(op.execute(bucket), doctest::Contains("do not match"), InvalidArgument);
+  });
+}
+
+TEST_CASE(
+    "low-precision neighbour allreduce: a neighbour that never sends fails within the "
+    "timeout, naming the op, the bucket and the rank") {
+  testing::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        auto bucket_comm = all_ranks(comm);
+        std::vector<float> x(10, 1.0f), w(x), r(x);
+        LowPrecisionNeighborOptions pattern;
+        pattern.check_pattern = false;  // rank 0 expects a message rank 1 never sends
+        std::vector<TensorView> replicas;
+        if (comm.rank() == 0) {
+          pattern.self_weight = 0.5;
+          pattern.sources = {{1, 0.5}};
+          replicas.push_back(view_of(r));
+        }
+        LowPrecisionNeighborAllreduceOp op(bucket_comm, view_of(w), replicas, 10, DType::kFloat32,
+                                           pattern);
+        Bucket bucket("lpn", {{"x", view_of(x)}});
+        if (comm.rank() == 0) {
+          const auto start = std::chrono::steady_clock::now();
+          CHECK_THROWS_WITH_AS(
+              op.execute(bucket),
+              doctest::Contains("low_precision_neighbor_allreduce on bucket 'lpn' (rank 0 of 2)"),
+              TimeoutError);
+          CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+        } else {
+          op.execute(bucket);  // nothing to exchange
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        }
+      },
+      std::chrono::milliseconds(500));
 }
 
 TEST_CASE("the vectorized fp32 compressor writes the portable loop's bytes") {

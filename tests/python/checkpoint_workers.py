@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import bagua.torch_api as bagua
+from bagua.bluefog import topology_util
 from bagua.torch_api.algorithms.bytegrad import ByteGradAlgorithm
 from bagua.torch_api.algorithms.decentralized import DecentralizedAlgorithm, LowPrecisionDecentralizedAlgorithm
 from bagua.torch_api.algorithms.base import Algorithm
@@ -67,6 +68,9 @@ ALGORITHMS = {
     "decentralized_shift_one": (sgd, lambda opt: DecentralizedAlgorithm(
         hierarchical=False, peer_selection_mode="shift_one", communication_interval=2)),
     "low_precision_decentralized": (sgd, lambda opt: LowPrecisionDecentralizedAlgorithm(hierarchical=False)),
+    # W and one replica per in-neighbour are state
+    "low_precision_neighbor": (sgd, lambda opt: LowPrecisionDecentralizedAlgorithm(
+        hierarchical=False, topology=topology_util.ExponentialGraph(bagua.get_world_size()))),
 }
 
 

@@ -400,6 +400,56 @@ def scenario_low_precision_decentralized(out_dir):
     torch.save({"steps": steps, "lr": lr}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def lp_topology(kind, n):
+    """The graphs the low-precision neighbour tests run on."""
+    from bagua.bluefog import topology_util
+
+    return {"exponential": lambda: topology_util.ExponentialGraph(n),
+            "ring": lambda: topology_util.RingGraph(n),
+            "star": lambda: topology_util.StarGraph(n),
+            "mesh": lambda: topology_util.MeshGrid2DGraph(n)}[kind]()
+
+
+def scenario_low_precision_neighbor(out_dir, kind, lr="0.1", steps="4"):
+    """LowPrecisionDecentralizedAlgorithm(topology=...) on Net with SGD: the
+    bucket order (as indices of model.parameters()), then per step the
+    parameters and the algorithm's copies (W, {in-neighbour: replica}) after
+    the optimizer step. lr = 0: the weights are made to differ per rank
+    after wrapping, and only averaging moves them."""
+    from bagua.torch_api.algorithms.decentralized import LowPrecisionDecentralizedAlgorithm
+
+    bagua.init_process_group()
+    rank, n = bagua.get_rank(), bagua.get_world_size()
+    torch.manual_seed(7)
+    model = Net()
+    lr = float(lr)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    algorithm = LowPrecisionDecentralizedAlgorithm(hierarchical=False, topology=lp_topology(kind, n))
+    model = model.with_bagua([opt], algorithm)
+    impl = model.bagua_ddp.bagua_algorithm_impl
+    if lr == 0:
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(100 + rank)
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g))
+    records = []
+    for x, y in batches(rank, steps=int(steps)):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        (bucket,) = model.bagua_buckets  # one bucket: the whole model
+        weight, replicas = impl.copies(bucket.name)
+        records.append({"params": torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]),
+                        "bucket": torch.cat([t.bagua_registered_tensor().detach().reshape(-1).clone()
+                                             for t in bucket.tensors]),
+                        "weight": weight.clone(), "replicas": {r: t.clone() for r, t in replicas.items()}})
+    pointers = [p.data_ptr() for p in model.parameters()]
+    order = [pointers.index(t.bagua_registered_tensor().data_ptr()) for t in bucket.tensors]
+    ops = [op["name"] for b in model.bagua_ddp.communication_stats()["buckets"] for op in b["ops"]]
+    torch.save({"steps": records, "lr": lr, "order": order, "ops": ops, "sources": impl.sources},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 def scenario_decentralized(out_dir, mode, interval="1"):
     """Per step: the weights before forward, the gradient, the weights after
     the optimizer step, for a pure-Python reference of D_FP_S."""

@@ -17,12 +17,16 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
+
+#include <fmt/format.h>
 
 #include "bagua/comm/communicator.h"
 #include "bagua/compression/chunked_layout.h"
 #include "bagua/compression/minmax_uint8_view.h"
 #include "bagua/ops/hierarchical_op.h"
+#include "bagua/ops/low_precision_exchange.h"
 #include "bagua/ops/op_steps.h"
 #include "bagua/runtime/bucket.h"
 #include "bagua/runtime/compute.h"
@@ -62,7 +66,7 @@ class LowPrecisionDecentralizedOp final : public HierarchicalOp {
                       bucket.device().str(), view->describe());
     }
     for_flat_bucket(bucket, [&](const TensorView& x) {
-      exchange_across(x, [&](Communicator& comm) { ring_step(comm, x); });
+      exchange_across(x, [&](Communicator& comm) { ring_step(comm, x, bucket.name()); });
       // Hierarchical: every rank of the node adopts the leader's result.
       if (hierarchical()) compute().copy(weight_.data, x.data, x.nbytes());
     });
@@ -71,37 +75,25 @@ class LowPrecisionDecentralizedOp final : public HierarchicalOp {
  private:
   // Host loops or kernels (Compute), compressing before the bytes reach the
   // communicator.
-  void ring_step(Communicator& comm, const TensorView& x) {
+  void ring_step(Communicator& comm, const TensorView& x, const std::string& bucket_name) {
     Compute& c = compute();
-    const std::int64_t numel = x.numel;
-    const std::size_t bytes = minmax_uint8::ChunkedLayout{numel, kChunkElements}.bytes();
-    const auto diff_block = c.scratch(static_cast<std::size_t>(numel) * sizeof(float));
-    const TensorView diff = c.view(diff_block, numel, DType::kFloat32);
+    const auto diff_block = c.scratch(static_cast<std::size_t>(x.numel) * sizeof(float));
+    const TensorView diff = c.view(diff_block, x.numel, DType::kFloat32);
     apply_low_precision_ring_diff(c, x, weight_, left_, right_, diff);
-    const auto mine = c.scratch(bytes);
-    const auto from_left = c.scratch(bytes);
-    const auto from_right = c.scratch(bytes);
-    c.compress(diff, kChunkElements, bytes_of(mine));
+    // With one rank both neighbours are this rank; with two, both are the
+    // same peer (its two messages match in order and carry the same bytes).
     const int n = comm.size();
-    if (n == 1) {  // both neighbours are this rank
-      c.copy(from_left.data(), mine.data(), bytes);
-      c.copy(from_right.data(), mine.data(), bytes);
-    } else {
-      const int left = (comm.rank() + n - 1) % n;
-      const int right = (comm.rank() + 1) % n;
-      const TensorView mine_view = byte_view(c, mine, bytes);
-      const PeerMessage sends[] = {{mine_view, left}, {mine_view, right}};
-      // With two ranks left == right: messages to one peer match in order, and
-      // both carry the same bytes.
-      const PeerMessage receives[] = {{byte_view(c, from_left, bytes), left},
-                                      {byte_view(c, from_right, bytes), right}};
-      comm.send_recv(sends, receives);
-    }
-    c.decompress(bytes_of(from_left), kChunkElements, left_, true);
-    c.decompress(bytes_of(from_right), kChunkElements, right_, true);
-    // x = W + Q^-1(Q(d)); W = x: decode into W in place, then copy to x.
-    c.decompress(bytes_of(mine), kChunkElements, weight_, true);
-    c.copy(x.data, weight_.data, x.nbytes());
+    const int neighbours[] = {(comm.rank() + n - 1) % n, (comm.rank() + 1) % n};
+    const TensorView replicas[] = {left_, right_};
+    const std::string where =
+        fmt::format("D_LP_S on bucket '{}' (rank {} of {})", bucket_name, comm.rank(), n);
+    exchange_low_precision_difference(c, comm,
+                                      {.chunk_elements = kChunkElements,
+                                       .sources = neighbours,
+                                       .replicas = replicas,
+                                       .destinations = neighbours,
+                                       .where = where},
+                                      diff, weight_, x);
   }
 
   TensorView weight_;

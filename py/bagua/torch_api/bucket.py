@@ -193,6 +193,54 @@ class BaguaBucket:
         self._peer_weight = peer_weight
         return NeighborAllreduceOp(op)
 
+    def append_low_precision_neighbor_allreduce_op(
+            self, weight, peer_weights: Dict[int, torch.Tensor], self_weight: float,
+            src_weights: Dict[int, float], dst_ranks: List[int], compression: str = "MinMaxUInt8",
+            check_pattern: bool = True, group=None) -> "BaguaBucket":
+        """Low-precision neighbour averaging over a static graph (D_LP_S on
+        any topology): ``weight`` is this rank's copy of its own weights as
+        its out-neighbours know them, ``peer_weights`` its copy of each
+        in-neighbour's (keys: the in-neighbours' ranks, those of
+        ``src_weights``), all flat tensors of the bucket's size and dtype,
+        equal to the weights every rank starts from. Each execution
+        compresses d = self_weight * weight + sum_j src_weights[j] *
+        peer_weights[j] + (bucket - weight) - weight, sends it to
+        ``dst_ranks``, adds the decoded messages of the in-neighbours to
+        their copies and sets bucket = weight = weight + Q^-1(Q(d)). Run it
+        after the optimizer step. ``check_pattern``: the ranks agree on the
+        pattern at the first execution (one small allgather)."""
+        if _check_compression(compression, allow_none=False) is None:
+            raise InvalidArgumentError("low precision neighbour allreduce needs compression='MinMaxUInt8'")
+        _check_floating(self.dtype, "append_low_precision_neighbor_allreduce_op")
+        if isinstance(weight, BaguaTensor):
+            weight = weight.bagua_getter_closure()
+        self._check_copy("weight", weight)
+        if not isinstance(peer_weights, dict) or not isinstance(src_weights, dict) or \
+                sorted(peer_weights) != sorted(src_weights):
+            raise InvalidArgumentError(
+                "append_low_precision_neighbor_allreduce_op: peer_weights and src_weights must be dicts with "
+                f"the same ranks, got {sorted(peer_weights) if isinstance(peer_weights, dict) else peer_weights!r} "
+                f"and {sorted(src_weights) if isinstance(src_weights, dict) else src_weights!r}")
+        sources = sorted(src_weights)
+        replicas = []
+        for rank in sources:
+            replica = peer_weights[rank]
+            if isinstance(replica, BaguaTensor):
+                replica = replica.bagua_getter_closure()
+            self._check_copy(f"peer_weights[{rank}]", replica)
+            replicas.append(replica)
+        options = core.LowPrecisionNeighborOptions(
+            self_weight=float(self_weight), sources=[(int(r), float(src_weights[r])) for r in sources],
+            destinations=sorted(int(r) for r in dst_ranks), check_pattern=bool(check_pattern))
+        group = _group_or_default(group)
+        self.backend_bucket.append_low_precision_neighbor_allreduce_op(
+            group.get_bucket_communicator(), tensor_view(weight, "weight", allow_cuda=True),
+            [tensor_view(t, f"peer_weights[{r}]", allow_cuda=True) for r, t in zip(sources, replicas)],
+            options)
+        self._keep_alive.append(weight)
+        self._keep_alive.extend(replicas)
+        return self
+
     def append_asynchronous_model_average_op(self, peer_selection_mode: str = "all", group=None,
                                              sync_interval_ms: int = 500, max_staleness_steps=None):
         """Asynchronous model average of this bucket (weights) over the group,
