@@ -421,8 +421,10 @@ def test_fused_calls_equal_unfused_calls_bit_for_bit(n, tmp_path, fused_on_three
         before, after_fused, after_blocking = got["stats"]
         assert after_fused["calls"] - before["calls"] == 50
         assert after_fused["ops"] - before["ops"] == fusion_runs(plan) < 50
-        assert after_blocking["ops"] - after_fused["ops"] == 50  # a blocking call runs alone
+        # A blocking call runs alone, without an agreement between the ranks.
+        assert after_blocking["ops"] - after_fused["ops"] == 50
         assert after_blocking["fused_ops"] == after_fused["fused_ops"]
+        assert after_blocking["agreements"] == after_fused["agreements"]
 
 
 def test_fusion_off_gives_the_same_bits(tmp_path, fused_on_three):

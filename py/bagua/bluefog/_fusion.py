@@ -18,7 +18,14 @@ cut at the first call whose digest differs between ranks, so a call that
 ranks disagree on (different sizes, say) runs alone and fails on its own
 handle, as it would unfused. A deterministic rule would have to know when the
 program stops issuing calls, which no rank knows; the agreement costs one
-small allreduce per neighbour op (none with fusion off, none on one rank).
+small allreduce per fused or nonblocking neighbour op (none with fusion off,
+none on one rank).
+
+Blocking calls follow a deterministic rule instead: the caller waits for
+the result before issuing anything else, so there is nothing to fuse them
+with; they run alone without an agreement (an allreduce costs more latency
+than a neighbour exchange). So with fusion on, a call must have the same form
+(blocking or nonblocking) on every rank, as it must be the same op.
 
 ``BLUEFOG_CYCLE_TIME`` (ms) bounds how long the worker waits for more calls
 before proposing what it has; it stops waiting as soon as the run is closed
@@ -50,16 +57,18 @@ _STOP = object()
 class NeighborCall:
     """One pending ``neighbor_allreduce``: its host input ``x``, the keyword
     arguments of its C++ options (``pattern``, without the name), and
-    ``finish``, which turns the host output into the handle's result."""
+    ``finish``, which turns the host output into the handle's result.
+    ``alone``: a blocking call, run alone without an agreement."""
 
     def __init__(self, x: torch.Tensor, pattern: dict, name: Optional[str],
-                 finish: Callable[[torch.Tensor], torch.Tensor]):
+                 finish: Callable[[torch.Tensor], torch.Tensor], alone: bool = False):
         self.x, self.pattern, self.name, self.finish = x, pattern, name or "", finish
+        self.alone = alone  # a blocking call: never fused, no agreement
         self.nbytes = x.numel() * x.element_size()
         self.future = concurrent.futures.Future()
         # Calls fuse only with calls of the same key; None: never fused
         # (device memory: the fused buffer is built on the host).
-        fusable = x.device.type == "cpu" and x.is_floating_point()
+        fusable = x.device.type == "cpu" and x.is_floating_point() and not alone
         self.key = (x.dtype, _frozen(pattern)) if fusable else None
         text = f"{self.name}|{x.numel()}|{x.dtype}|{pattern['check_pattern']}"
         self.digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
@@ -172,7 +181,7 @@ class Worker:
     def _run_neighbor_calls(self) -> None:
         """Runs the neighbour call at the head of the queue, fused with the
         following ones that every rank agrees to fuse."""
-        if self.threshold <= 0:
+        if self.threshold <= 0 or self._queue[0].alone:
             calls = self._pop(1)
         else:
             try:

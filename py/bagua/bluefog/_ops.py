@@ -208,12 +208,20 @@ def neighbor_allreduce_nonblocking(tensor: torch.Tensor, *, self_weight: Optiona
                                    enable_topo_check: bool = True, name: Optional[str] = None,
                                    **kwargs) -> int:
     _reject_renamed("neighbor_allreduce", kwargs)
+    return _neighbor_allreduce(tensor, self_weight, src_weights, dst_weights, enable_topo_check,
+                               name, alone=False)
+
+
+def _neighbor_allreduce(tensor, self_weight, src_weights, dst_weights, enable_topo_check, name,
+                        alone: bool) -> int:
+    """Queues one call; ``alone``: a blocking call, never fused, so it needs
+    no agreement between the ranks (see _fusion)."""
     if state().skip_negotiate and enable_topo_check is True and dst_weights is None:
         enable_topo_check = False  # static calls on an agreed topology
     pattern = _neighbor_pattern(_rank_graph("neighbor_allreduce"), self_weight, src_weights,
                                 dst_weights, enable_topo_check)
     x = _host(tensor)
-    call = _fusion.NeighborCall(x, pattern, name,
+    call = _fusion.NeighborCall(x, pattern, name, alone=alone,
                                 finish=lambda out: out.to(tensor.device).view(tensor.shape))
     return _handle(state().worker.submit_neighbor(call))
 
@@ -226,9 +234,9 @@ def neighbor_allreduce(tensor: torch.Tensor, *, self_weight: Optional[float] = N
     """out = self_weight * x + sum_j src_weights[j] * d_j * x_j (see the
     design's table); no weights: the uniform average over the in-neighbours
     (or the topology's weights when it is weighted)."""
-    return _blocking(neighbor_allreduce_nonblocking(
-        tensor, self_weight=self_weight, src_weights=src_weights, dst_weights=dst_weights,
-        enable_topo_check=enable_topo_check, name=name, **kwargs))
+    _reject_renamed("neighbor_allreduce", kwargs)
+    return _blocking(_neighbor_allreduce(tensor, self_weight, src_weights, dst_weights,
+                                         enable_topo_check, name, alone=True))
 
 
 # -- neighbor_allgather ---------------------------------------------------------------
@@ -289,15 +297,18 @@ def pair_gossip_nonblocking(tensor: torch.Tensor, target_rank: int,
                             pair_weight: Optional[float] = None, name: Optional[str] = None) -> int:
     """self_weight * x + pair_weight * x_target (default: the average); both
     partners call it naming each other."""
+    return _pair_gossip(tensor, target_rank, self_weight, pair_weight, name, alone=False)
+
+
+def _pair_gossip(tensor, target_rank, self_weight, pair_weight, name, alone: bool) -> int:
     if (self_weight is None) != (pair_weight is None):
         raise ValueError("pair_gossip: give both self_weight and pair_weight, or neither")
     if self_weight is None:
         self_weight = pair_weight = 0.5
-    return neighbor_allreduce_nonblocking(
-        tensor, self_weight=self_weight, src_weights={int(target_rank): float(pair_weight)},
-        dst_weights=[int(target_rank)], name=name)
+    return _neighbor_allreduce(tensor, self_weight, {int(target_rank): float(pair_weight)},
+                               [int(target_rank)], True, name, alone)
 
 
 def pair_gossip(tensor: torch.Tensor, target_rank: int, self_weight: Optional[float] = None,
                 pair_weight: Optional[float] = None, name: Optional[str] = None) -> torch.Tensor:
-    return _blocking(pair_gossip_nonblocking(tensor, target_rank, self_weight, pair_weight, name))
+    return _blocking(_pair_gossip(tensor, target_rank, self_weight, pair_weight, name, alone=True))
