@@ -14,6 +14,11 @@ adjacent steps, and each mode's median step time.
     /usr/bin/python3 bench/bluefog_fusion.py                        # 4 and 2 ranks
     /usr/bin/python3 bench/bluefog_fusion.py --sizes 4 --steps 40 --json out.json
     /usr/bin/python3 bench/bluefog_fusion.py --pattern dynamic      # one-peer, dst weights
+    /usr/bin/python3 bench/bluefog_fusion.py --no-check             # no pattern check per op
+
+By default every op first checks the ranks' patterns (an allgather), as
+BlueFog's calls do by default; fusion saves that per call too. `--no-check`
+leaves only the exchange itself (and, fused, the agreement).
 """
 
 import argparse
@@ -41,10 +46,12 @@ def model(blocks: int, width: int):
     return torch.nn.Sequential(*layers)
 
 
-def step_calls(bf, topology_util, pattern: str):
+def step_calls(bf, topology_util, pattern: str, check: bool):
     """A function issuing one call per tensor of a list, returning handles;
-    `dynamic`: BlueFog's one-peer schedule, the pattern changing every step."""
+    `dynamic`: BlueFog's one-peer schedule, the pattern changing every step.
+    `check`: the ranks compare patterns before each op (BlueFog's default)."""
     schedule = topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), bf.rank())
+    bf.set_skip_negotiate_stage(not check)  # the static calls' check
 
     def issue(tensors):
         if pattern == "static":
@@ -52,7 +59,8 @@ def step_calls(bf, topology_util, pattern: str):
         send, recv = next(schedule)
         w = 1.0 / (len(recv) + 1)
         return [bf.neighbor_allreduce_nonblocking(t, self_weight=w, src_weights={r: w for r in recv},
-                                                  dst_weights=send, name=f"p{i}")
+                                                  dst_weights=send, enable_topo_check=check,
+                                                  name=f"p{i}")
                 for i, t in enumerate(tensors)]
     return issue
 
@@ -68,7 +76,7 @@ def worker(args):
     torch.set_num_threads(1)
     bf.init()
     tensors = [p.detach() for p in model(args.blocks, args.width).parameters()]
-    issue = step_calls(bf, topology_util, args.pattern)
+    issue = step_calls(bf, topology_util, args.pattern, not args.no_check)
 
     def step(mode):
         state().worker.set_threshold(MODES[mode])
@@ -119,6 +127,9 @@ def main():
     parser.add_argument("--blocks", type=int, default=16, help="conv-norm blocks (4 tensors each)")
     parser.add_argument("--width", type=int, default=32, help="channels of every block")
     parser.add_argument("--pattern", choices=["static", "dynamic"], default="static")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip the pattern check before each op (enable_topo_check=False, "
+                             "set_skip_negotiate_stage(True))")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -127,14 +138,14 @@ def main():
         return worker(args)
     report = {"machine": machine(), "config": vars(args), "sizes": {}}
     worker_args = ["--steps", str(args.steps), "--blocks", str(args.blocks), "--width",
-                   str(args.width), "--pattern", args.pattern]
+                   str(args.width), "--pattern", args.pattern] + (["--no-check"] if args.no_check else [])
     with tempfile.TemporaryDirectory() as tmp:
         for n in [int(s) for s in args.sizes.split(",")]:
             result = summarize(launch(__file__, n, Path(tmp) / f"{n}.json", worker_args))
             report["sizes"][str(n)] = result
             r, ms = result["ratio_fused_over_unfused"], result["median_ms"]
             print(f"{n} ranks, {result['tensors']} tensors ({result['bytes'] / 1e6:.2f} MB), "
-                  f"{args.pattern}: fused {ms['fused']:.2f} ms, unfused {ms['unfused']:.2f} ms per step; "
+                  f"{args.pattern}{', no check' if args.no_check else ''}: fused {ms['fused']:.2f} ms, unfused {ms['unfused']:.2f} ms per step; "
                   f"ratio fused/unfused median {r['median']:.3f} (p10 {r['p10']:.3f}, p90 {r['p90']:.3f}, "
                   f"min {r['min']:.3f}, max {r['max']:.3f}); {result['ops']} ops for "
                   f"{result['calls']} calls", flush=True)
