@@ -409,6 +409,116 @@ def scenario_in_flight(_):
     _save({"results": results})
 
 
+# -- fusion of nonblocking neighbour allreduces ----------------------------------------
+_FUSION_KINDS = ["default", "sum", "move", "push_pull", "partial"]
+_FUSION_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+_FUSION_SHAPES = [(3, 2), (7,), (0, 4), (5, 3), (1,), (2, 2, 3)]
+
+
+def _fusion_plan(n):
+    """50 calls as runs of one kind (1 to 8 long) in which the dtype changes
+    now and then; the same on every rank (one seed). "move" needs a peer."""
+    rng = torch.Generator().manual_seed(7)
+    kinds = _FUSION_KINDS if n > 1 else [k for k in _FUSION_KINDS if k != "move"]
+    plan = []
+    while len(plan) < 50:
+        kind = kinds[int(torch.randint(len(kinds), (1,), generator=rng))]
+        dtype = _FUSION_DTYPES[int(torch.randint(4, (1,), generator=rng))]
+        for _ in range(int(torch.randint(1, 9, (1,), generator=rng))):
+            if float(torch.rand(1, generator=rng)) < 0.2:
+                dtype = _FUSION_DTYPES[int(torch.randint(4, (1,), generator=rng))]
+            shape = _FUSION_SHAPES[int(torch.randint(len(_FUSION_SHAPES), (1,), generator=rng))]
+            plan.append((kind, dtype, shape))
+    return plan[:50]
+
+
+def _fusion_input(k, r, dtype, shape):
+    """x_r of call k: r plus a fractional pattern shared by the ranks (so
+    results need rounding and bit equality means something)."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    base = (torch.arange(numel, dtype=torch.float64) * 0.37 + k / 7).reshape(shape)
+    return (base + r).to(dtype)
+
+
+def _fusion_call(kind, x, n, r, ins, outs, nonblocking):
+    op = bf.neighbor_allreduce_nonblocking if nonblocking else bf.neighbor_allreduce
+    if kind == "default":
+        return op(x)
+    if kind == "sum":
+        return op(x, self_weight=1.0, src_weights={j: 1.0 for j in ins})
+    if kind == "move":
+        return op(x, self_weight=0.0, src_weights={(r - 1) % n: 1.0}, dst_weights=[(r + 1) % n])
+    if kind == "push_pull":
+        return op(x, self_weight=0.5, src_weights={j: 1.0 for j in ins},
+                  dst_weights={j: 0.5 for j in outs})
+    return op(x, self_weight=0.25, src_weights={j: 0.75 for j in ins[:1]})  # partial
+
+
+def scenario_fusion_mixed(_):
+    """The plan's 50 calls in flight (synchronized in reverse), then the same
+    calls made blocking (each runs alone), with the worker's counters."""
+    from bagua.bluefog._state import state
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    ins, outs = bf.in_neighbor_ranks(), bf.out_neighbor_ranks()
+    plan = _fusion_plan(n)
+    xs = [_fusion_input(k, r, dtype, shape) for k, (_, dtype, shape) in enumerate(plan)]
+    copies = [x.clone() for x in xs]
+    before = state().worker.stats()
+    handles = [_fusion_call(kind, x, n, r, ins, outs, True) for (kind, _, _), x in zip(plan, xs)]
+    fused = {k: bf.synchronize(handles[k]) for k in reversed(range(50))}
+    after_fused = state().worker.stats()
+    blocking = [_fusion_call(kind, x, n, r, ins, outs, False) for (kind, _, _), x in zip(plan, xs)]
+    after_blocking = state().worker.stats()
+    _save({"plan": plan, "fused": [fused[k] for k in range(50)], "blocking": blocking,
+           "untouched": all(torch.equal(x, c) for x, c in zip(xs, copies)),
+           "stats": (before, after_fused, after_blocking), "ins": ins})
+
+
+def _in_flight(tensors, **kwargs):
+    """Nonblocking neighbour allreduces of ``tensors``, all in flight, then
+    their results (or errors) in order."""
+    handles = [bf.neighbor_allreduce_nonblocking(t, **kwargs) for t in tensors]
+    return [_result(h) for h in handles]
+
+
+def _result(handle):
+    """The handle's result, or the error it raised as _error() describes it."""
+    try:
+        return bf.synchronize(handle)
+    except Exception as error:  # noqa: BLE001 - the test looks at what was raised
+        return type(error).__name__, isinstance(error, ValueError), str(error)
+
+
+def scenario_fusion_counts(_):
+    """Run with BLUEFOG_FUSION_THRESHOLD=800 and a long cycle time: what the
+    worker fused, call by call, and errors landing on their own handles."""
+    from bagua.bluefog._state import state
+    bf.init()
+    r = bf.rank()
+    stats = [state().worker.stats()]
+    results = {"f64": _in_flight([torch.full((10,), float(r + k), dtype=torch.float64) for k in range(30)])}
+    stats.append(state().worker.stats())
+    results["f32"] = _in_flight([torch.full((10,), float(r + k)) for k in range(50)])
+    stats.append(state().worker.stats())
+    results["large"] = _in_flight([torch.full((300,), float(r), dtype=torch.float64)])
+    stats.append(state().worker.stats())
+    # An integer tensor and a size that differs between ranks, amid calls of
+    # the same pattern: each fails on its own handle, the others are right.
+    results["bad"] = _in_flight([torch.full((4,), float(r + 1)).double(),
+                                 torch.full((4,), float(r + 2)).double(),
+                                 torch.zeros(4, dtype=torch.int64),
+                                 torch.full((4,), float(r + 3)).double(),
+                                 torch.zeros(r + 1, dtype=torch.float64),
+                                 torch.full((4,), float(r + 4)).double()])
+    stats.append(state().worker.stats())
+    results["stats"] = stats
+    results["ins"] = bf.in_neighbor_ranks()
+    _save(results)
+
+
 def scenario_timeline(_):
     import json
     from bagua.bluefog import _timeline

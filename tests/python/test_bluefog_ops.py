@@ -359,3 +359,110 @@ def test_argument_errors_before_any_communication():
             bf.rank()
         with pytest.raises(ValueError, match="bf.init"):
             bf.neighbor_allreduce(torch.zeros(2))
+
+
+# -- fusion of nonblocking neighbour allreduces ----------------------------------------
+# A long cycle time makes the grouping deterministic: the worker proposes a
+# run only once something queued closes it or a caller waits for a result.
+PATIENT = {"BLUEFOG_CYCLE_TIME": "10000"}
+
+
+def fusion_expected(kind, n, r, k, shape):
+    """The closed form of call k of scenario fusion_mixed at rank r, in
+    float64 (x_j = j + base_k, design section 7's table)."""
+    numel = int(np.prod(shape)) if shape else 1
+    base = (torch.arange(numel, dtype=torch.float64) * 0.37 + k / 7).reshape(shape)
+    ins = exp_in(n, r)
+    if kind == "default":
+        return base + (r + sum(ins)) / (len(ins) + 1)
+    if kind == "sum":
+        return (len(ins) + 1) * base + r + sum(ins)
+    if kind == "move":
+        return base + (r - 1) % n
+    if kind == "push_pull":
+        return 0.5 * (len(ins) + 1) * base + 0.5 * (r + sum(ins))
+    return 0.25 * (base + r) + sum(0.75 * (base + j) for j in ins[:1])  # partial
+
+
+def fusion_runs(plan, threshold=8 << 20):
+    """How many ops the plan's calls should take: maximal runs of one kind
+    and dtype, cut at the threshold (bytes)."""
+    ops, key, total = 0, None, 0
+    for kind, dtype, shape in plan:
+        nbytes = int(np.prod(shape)) * torch.tensor([], dtype=dtype).element_size()
+        if (kind, dtype) != key or total + nbytes > threshold:
+            ops, key, total = ops + 1, (kind, dtype), 0
+        total += nbytes
+    return ops
+
+
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(scope="module")
+def fused_on_three(tmp_path_factory):
+    """Scenario fusion_mixed on 3 ranks, shared by two tests."""
+    return run("fusion_mixed", 3, tmp_path_factory.mktemp("fused3"), extra_env=PATIENT)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_fused_calls_equal_unfused_calls_bit_for_bit(n, tmp_path, fused_on_three):
+    results = fused_on_three if n == 3 else run("fusion_mixed", n, tmp_path, extra_env=PATIENT)
+    plan = results[0]["plan"]
+    for r, got in enumerate(results):
+        assert got["plan"] == plan and got["untouched"]
+        for k, (kind, dtype, shape) in enumerate(plan):
+            fused, alone = got["fused"][k], got["blocking"][k]
+            assert fused.dtype == alone.dtype == dtype and fused.shape == alone.shape == shape
+            assert torch.equal(fused, alone), f"rank {r} call {k} ({kind}, {dtype})"
+            tol = TOLERANCE[dtype]
+            assert torch.allclose(fused.double(), fusion_expected(kind, n, r, k, shape), rtol=tol,
+                                  atol=tol), f"rank {r} call {k} ({kind}, {dtype})"
+        before, after_fused, after_blocking = got["stats"]
+        assert after_fused["calls"] - before["calls"] == 50
+        assert after_fused["ops"] - before["ops"] == fusion_runs(plan) < 50
+        # A blocking call runs alone, without an agreement between the ranks.
+        assert after_blocking["ops"] - after_fused["ops"] == 50
+        assert after_blocking["fused_ops"] == after_fused["fused_ops"]
+        assert after_blocking["agreements"] == after_fused["agreements"]
+
+
+def test_fusion_off_gives_the_same_bits(tmp_path, fused_on_three):
+    fused = fused_on_three
+    off = run("fusion_mixed", 3, tmp_path, extra_env=dict(PATIENT, BLUEFOG_FUSION_THRESHOLD="0"))
+    for r in range(3):
+        before, after, _ = off[r]["stats"]
+        assert after["ops"] - before["ops"] == 50 and after["fused_ops"] == 0
+        assert after["agreements"] == 0  # no fusion, no agreement
+        for k in range(50):
+            assert torch.equal(off[r]["fused"][k], fused[r]["fused"][k]), f"rank {r} call {k}"
+
+
+def test_fusion_threshold_and_errors_on_their_own_handles(tmp_path):
+    n = 3
+    results = run("fusion_counts", n, tmp_path,
+                  extra_env=dict(PATIENT, BLUEFOG_FUSION_THRESHOLD="800"))
+    for r, got in enumerate(results):
+        ins = got["ins"]
+        avg = (r + sum(ins)) / (len(ins) + 1)
+        for k, out in enumerate(got["f64"]):
+            assert torch.equal(out, torch.full((10,), avg + k, dtype=torch.float64))
+        for k, out in enumerate(got["f32"]):
+            assert torch.allclose(out, torch.full((10,), avg + k), rtol=1e-6)
+        assert torch.equal(got["large"][0], torch.full((300,), avg, dtype=torch.float64))
+        s = got["stats"]
+        delta = [{key: b[key] - a[key] for key in a} for a, b in zip(s, s[1:])]
+        # 30 x 80 bytes in threes of 800; 50 x 40 bytes as 20 + 20 + 10.
+        assert (delta[0]["ops"], delta[0]["fused_ops"], delta[0]["fused_calls"]) == (3, 3, 30)
+        assert (delta[1]["ops"], delta[1]["fused_ops"], delta[1]["fused_calls"]) == (3, 3, 50)
+        assert s[-1]["largest_fused_bytes"] == 800
+        # 2400 bytes, over the threshold: runs, alone.
+        assert (delta[2]["ops"], delta[2]["fused_ops"]) == (1, 0)
+        a, b, integer, c, bad_size, d = got["bad"]
+        for value, out in zip((1, 2, 3, 4), (a, b, c, d)):
+            assert torch.equal(out, torch.full((4,), avg + value, dtype=torch.float64)), f"rank {r}"
+        assert integer[1] and "floating point" in integer[2], integer
+        assert bad_size[1], bad_size
+        # a+b fused; the integer, c, the bad size and d alone: c's and the bad
+        # size's digests differ between ranks, which cuts the runs there.
+        assert (delta[3]["ops"], delta[3]["fused_ops"], delta[3]["fused_calls"]) == (5, 1, 2)

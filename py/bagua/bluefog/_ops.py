@@ -1,9 +1,11 @@
 """BlueFog's communication calls: neighbour ops, collectives, handles.
 
-Every call is queued to BlueFog's worker thread (``_state``) in issue order
-and a blocking call is its nonblocking form followed by ``synchronize``, so
-calls in flight never interleave on a communicator and every rank issues
-them in the same order. The neighbour ops are the C++ ops of
+Every call is queued to BlueFog's worker thread (``_fusion.Worker``) in
+issue order and a blocking call is its nonblocking form followed by
+``synchronize``, so calls in flight never interleave on a communicator and
+every rank issues them in the same order. Pending ``neighbor_allreduce``
+calls of one pattern may run fused as one op (``_fusion``), invisibly: each
+handle gets its own result, bit for bit. The neighbour ops are the C++ ops of
 ``include/bagua/ops/neighbor_*.h``; each waits at most BAGUA_COMM_TIMEOUT_S,
 and with ``enable_topo_check`` (the default) a mismatched send/receive
 pattern raises ValueError on every rank before anything is sent.
@@ -19,7 +21,7 @@ from typing import Dict, List, Optional, Union
 
 import torch
 
-from bagua.bluefog import _state, _timeline, topology_util
+from bagua.bluefog import _fusion, _state, _timeline, topology_util
 from bagua.bluefog._state import state
 from bagua.torch_api._core import core, dtype_name, tensor_view
 
@@ -28,8 +30,11 @@ from bagua.torch_api._core import core, dtype_name, tensor_view
 def _submit(fn, activity: str, name: Optional[str] = None) -> int:
     """Queues ``fn`` on the worker thread; ``activity`` and ``name`` label its
     timeline span."""
+    return _handle(state().worker.submit(_timeline.traced(fn, activity, name)))
+
+
+def _handle(future) -> int:
     st = state()
-    future = st.executor.submit(_timeline.traced(fn, activity, name))
     handle = st.next_handle
     st.next_handle += 1
     st.handles[handle] = future
@@ -57,7 +62,8 @@ def synchronize(handle: int):
     future = _future(handle)
     limit = core.env().comm_timeout_s * (1 + len(state().handles)) + 60
     try:
-        return future.result(timeout=limit)
+        with state().worker.waiting():  # the worker stops waiting for more calls to fuse
+            return future.result(timeout=limit)
     except concurrent.futures.TimeoutError:
         if future.done():
             raise  # the call's own timeout (concurrent's TimeoutError is the builtin one)
@@ -149,20 +155,28 @@ def _rank_graph(op: str) -> _Graph:
 def _neighbor_options(graph: _Graph, self_weight, src_weights, dst_weights, enable_topo_check,
                       name, src_arg="src_weights", dst_arg="dst_weights"):
     """The C++ options of one call, per the table of design section 7."""
+    pattern = _neighbor_pattern(graph, self_weight, src_weights, dst_weights, enable_topo_check,
+                                src_arg, dst_arg)
+    return core.NeighborAllreduceOptions(name=name or "", **pattern)
+
+
+def _neighbor_pattern(graph: _Graph, self_weight, src_weights, dst_weights, enable_topo_check,
+                      src_arg="src_weights", dst_arg="dst_weights") -> dict:
+    """The keyword arguments of the C++ options of one call but its name
+    (what calls must share to be fused)."""
     op = graph.op
     if (self_weight is None) != (src_weights is None):
         raise ValueError(f"{op}: give both self_weight and {src_arg}, or neither")
     if dst_weights is not None and self_weight is None:
         raise ValueError(f"{op}: {dst_arg} needs self_weight and {src_arg} too")
-    kw = dict(check_pattern=bool(enable_topo_check), name=name or "")
+    kw = dict(check_pattern=bool(enable_topo_check))
     to_outs = [(r, 1.0) for r in graph.outs]
     if self_weight is None:
         if graph.topology is not None:
             self_weight, weights = topology_util.GetRecvWeights(graph.topology, graph.me)
-            return core.NeighborAllreduceOptions(
-                self_weight=self_weight, sources=sorted(weights.items()), destinations=to_outs, **kw)
-        return core.NeighborAllreduceOptions(
-            sources=[(r, 1.0) for r in graph.ins], destinations=to_outs, **kw)
+            return dict(self_weight=float(self_weight), sources=sorted(weights.items()),
+                        destinations=to_outs, **kw)
+        return dict(sources=[(r, 1.0) for r in graph.ins], destinations=to_outs, **kw)
     sources = _check_weights(src_arg, src_weights)
     if dst_weights is None:
         unknown = sorted(set(sources) - set(graph.ins))
@@ -170,13 +184,12 @@ def _neighbor_options(graph: _Graph, self_weight, src_weights, dst_weights, enab
             raise ValueError(f"{op}: {src_arg} names {unknown}, not in-neighbours of "
                              f"{graph.what} {graph.me} ({graph.ins}); pass {dst_arg} too for a "
                              "dynamic pattern")
-        return core.NeighborAllreduceOptions(
-            self_weight=float(self_weight), sources=sorted(sources.items()),
-            ignored_sources=[r for r in graph.ins if r not in sources], destinations=to_outs, **kw)
+        return dict(self_weight=float(self_weight), sources=sorted(sources.items()),
+                    ignored_sources=[r for r in graph.ins if r not in sources],
+                    destinations=to_outs, **kw)
     destinations = _check_weights(dst_arg, dst_weights)
-    return core.NeighborAllreduceOptions(
-        self_weight=float(self_weight), sources=sorted(sources.items()),
-        destinations=sorted(destinations.items()), **kw)
+    return dict(self_weight=float(self_weight), sources=sorted(sources.items()),
+                destinations=sorted(destinations.items()), **kw)
 
 
 _RENAMED = {"neighbor_weights": "src_weights", "send_neighbors": "dst_weights"}
@@ -195,17 +208,22 @@ def neighbor_allreduce_nonblocking(tensor: torch.Tensor, *, self_weight: Optiona
                                    enable_topo_check: bool = True, name: Optional[str] = None,
                                    **kwargs) -> int:
     _reject_renamed("neighbor_allreduce", kwargs)
+    return _neighbor_allreduce(tensor, self_weight, src_weights, dst_weights, enable_topo_check,
+                               name, alone=False)
+
+
+def _neighbor_allreduce(tensor, self_weight, src_weights, dst_weights, enable_topo_check, name,
+                        alone: bool) -> int:
+    """Queues one call; ``alone``: a blocking call, never fused, so it needs
+    no agreement between the ranks (see _fusion)."""
     if state().skip_negotiate and enable_topo_check is True and dst_weights is None:
         enable_topo_check = False  # static calls on an agreed topology
-    options = _neighbor_options(_rank_graph("neighbor_allreduce"), self_weight, src_weights,
-                                dst_weights, enable_topo_check, name)
+    pattern = _neighbor_pattern(_rank_graph("neighbor_allreduce"), self_weight, src_weights,
+                                dst_weights, enable_topo_check)
     x = _host(tensor)
-    out = torch.empty_like(x)
-
-    def run():
-        state().neighbor_allreduce.run(_view(x), _view(out), options)
-        return out.to(tensor.device).view(tensor.shape)
-    return _submit(run, "NEIGHBOR_ALLREDUCE", name)
+    call = _fusion.NeighborCall(x, pattern, name, alone=alone,
+                                finish=lambda out: out.to(tensor.device).view(tensor.shape))
+    return _handle(state().worker.submit_neighbor(call))
 
 
 def neighbor_allreduce(tensor: torch.Tensor, *, self_weight: Optional[float] = None,
@@ -216,9 +234,9 @@ def neighbor_allreduce(tensor: torch.Tensor, *, self_weight: Optional[float] = N
     """out = self_weight * x + sum_j src_weights[j] * d_j * x_j (see the
     design's table); no weights: the uniform average over the in-neighbours
     (or the topology's weights when it is weighted)."""
-    return _blocking(neighbor_allreduce_nonblocking(
-        tensor, self_weight=self_weight, src_weights=src_weights, dst_weights=dst_weights,
-        enable_topo_check=enable_topo_check, name=name, **kwargs))
+    _reject_renamed("neighbor_allreduce", kwargs)
+    return _blocking(_neighbor_allreduce(tensor, self_weight, src_weights, dst_weights,
+                                         enable_topo_check, name, alone=True))
 
 
 # -- neighbor_allgather ---------------------------------------------------------------
@@ -279,15 +297,18 @@ def pair_gossip_nonblocking(tensor: torch.Tensor, target_rank: int,
                             pair_weight: Optional[float] = None, name: Optional[str] = None) -> int:
     """self_weight * x + pair_weight * x_target (default: the average); both
     partners call it naming each other."""
+    return _pair_gossip(tensor, target_rank, self_weight, pair_weight, name, alone=False)
+
+
+def _pair_gossip(tensor, target_rank, self_weight, pair_weight, name, alone: bool) -> int:
     if (self_weight is None) != (pair_weight is None):
         raise ValueError("pair_gossip: give both self_weight and pair_weight, or neither")
     if self_weight is None:
         self_weight = pair_weight = 0.5
-    return neighbor_allreduce_nonblocking(
-        tensor, self_weight=self_weight, src_weights={int(target_rank): float(pair_weight)},
-        dst_weights=[int(target_rank)], name=name)
+    return _neighbor_allreduce(tensor, self_weight, {int(target_rank): float(pair_weight)},
+                               [int(target_rank)], True, name, alone)
 
 
 def pair_gossip(tensor: torch.Tensor, target_rank: int, self_weight: Optional[float] = None,
                 pair_weight: Optional[float] = None, name: Optional[str] = None) -> torch.Tensor:
-    return _blocking(pair_gossip_nonblocking(tensor, target_rank, self_weight, pair_weight, name))
+    return _blocking(_pair_gossip(tensor, target_rank, self_weight, pair_weight, name, alone=True))

@@ -4,12 +4,12 @@ BlueFog's state lives on bagua's default process group (``bf.init`` creates it
 when the script did not), plus communicators of its own: the neighbour ops and
 BlueFog's collectives never share a connection with the buckets of a
 ``with_bagua`` model in the same script. Every BlueFog call runs on one worker
-thread (see ``_ops``), so those communicators are used by one thread at a time.
+thread (``_fusion.Worker``), so those communicators are used by one thread at
+a time.
 """
 
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
 
 import networkx as nx
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 import bagua.torch_api as bagua
-from bagua.bluefog import topology_util
-from bagua.torch_api._core import core, log
+from bagua.bluefog import _fusion, topology_util
+from bagua.torch_api._core import core, log, tensor_view
 
 _NOT_INITIALIZED = "BlueFog has not been initialized; use bf.init()."
 
@@ -45,8 +45,10 @@ class _State:
         self.machine_is_weighted = False
         self.skip_negotiate = False
         # One thread runs every BlueFog call in issue order (blocking calls
-        # too), so the communicators above see one thread and one order.
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bagua-bluefog")
+        # too), so the communicators above see one thread and one order; it
+        # fuses pending neighbour allreduces (_fusion).
+        self.worker = _fusion.Worker(self.comm, self.neighbor_allreduce,
+                                     _agreed_threshold(self.comm), _cycle_time_s())
         self.handles = {}
         self.next_handle = 0
         self.windows = None  # bagua.bluefog._windows, from the first win_create
@@ -63,6 +65,44 @@ class _State:
             if group is not None:
                 mine = group
         return mine
+
+
+# BlueFog's default fusion threshold (bytes) and cycle time (ms).
+_FUSION_THRESHOLD = 8 * 1024 * 1024
+_CYCLE_TIME_MS = 0.5
+
+
+def _env_number(name: str, default, kind):
+    text = os.environ.get(name, "")
+    if not text:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < float("inf"):  # also rejects nan
+        raise ValueError(f"{name} must be a number >= 0, got {text!r}")
+    return value
+
+
+def _agreed_threshold(comm) -> int:
+    """BLUEFOG_FUSION_THRESHOLD (bytes, 0: no fusion), the smallest of the
+    ranks' values: fused or not, every rank must run the same ops."""
+    mine = _env_number("BLUEFOG_FUSION_THRESHOLD", _FUSION_THRESHOLD, int)
+    if comm.size == 1:
+        return mine
+    values = torch.tensor([mine, -mine], dtype=torch.int64)
+    agreed = torch.empty_like(values)
+    comm.allreduce(tensor_view(values), tensor_view(agreed), "min")
+    smallest, largest = int(agreed[0]), -int(agreed[1])
+    if smallest != largest:
+        log("warning", f"bf.init: BLUEFOG_FUSION_THRESHOLD differs between ranks ({smallest} to "
+                       f"{largest} bytes); every rank uses {smallest}")
+    return smallest
+
+
+def _cycle_time_s() -> float:
+    return _env_number("BLUEFOG_CYCLE_TIME", _CYCLE_TIME_MS, float) / 1000.0
 
 
 def _local_size_from_env(world: int) -> int:
@@ -109,7 +149,7 @@ def shutdown() -> None:
     if _state is not None:
         from bagua.bluefog import _windows
         _windows.close()
-        _state.executor.shutdown(wait=True)
+        _state.worker.shutdown(wait=True)
         _state = None
 
 

@@ -35,7 +35,7 @@ class _Windows:
     def __init__(self, st):
         # new_group on BlueFog's communicator is collective: on its worker
         # thread, in order with the neighbour ops that use it.
-        self.service = st.executor.submit(core.WindowService, st.comm).result()
+        self.service = st.worker.submit(core.WindowService, st.comm).result()
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="bagua-bluefog-win")
         self.tensors: Dict[str, torch.Tensor] = {}  # kept alive while registered
