@@ -12,19 +12,19 @@ element by element, so each result is bit for bit the unfused one.
 differs between ranks, so the worker does not decide alone. Before moving
 data, each rank proposes how many of its next pending calls it could fuse
 (the longest run of one pattern that fits the threshold) together with a
-digest (name, size, dtype) of each, and the ranks take the minimum with a
-small allreduce on the same communicator. Each rank fuses the agreed number,
+digest (name, size, dtype) of each, sent to every rank in one alltoall on
+the same communicator. Each rank fuses the smallest count,
 cut at the first call whose digest differs between ranks, so a call that
 ranks disagree on (different sizes, say) runs alone and fails on its own
 handle, as it would unfused. A deterministic rule would have to know when the
 program stops issuing calls, which no rank knows; the agreement costs one
-small allreduce per neighbour op of nonblocking calls (none with fusion off,
+small alltoall per neighbour op of nonblocking calls (none with fusion off,
 none on one rank). With one or two calls per step that costs more than the
 ops it saves (docs/bluefog.md has the figures): set the threshold to 0 there.
 
 Blocking calls follow a deterministic rule instead: the caller waits for
 the result before issuing anything else, so there is nothing to fuse them
-with; they run alone without an agreement (an allreduce costs more latency
+with; they run alone without an agreement (an alltoall costs more latency
 than a neighbour exchange). So with fusion on, a call must have the same form
 (blocking or nonblocking) on every rank, as it must be the same op.
 
@@ -51,7 +51,7 @@ from bagua.torch_api._core import core, tensor_view
 # At most this many calls in one fused op: the agreement's vector holds a
 # digest of each, so its length is fixed on every rank.
 MAX_CALLS = 128
-_ABSENT = 2 ** 62  # digest slot of a call a rank does not propose (never the minimum)
+_ABSENT = 2 ** 62  # digest slot of a call a rank does not propose
 _STOP = object()
 
 
@@ -233,18 +233,21 @@ class Worker:
         digest differs between ranks (at least 1: the head runs alone)."""
         if self.comm.size == 1:
             return len(run)
-        # [count, digests, -digests]: one MIN gives the smallest count and
-        # each digest's minimum and (negated) maximum.
-        proposal = torch.full((1 + 2 * MAX_CALLS,), _ABSENT, dtype=torch.int64)
+        # [count, digests]: every rank sends its proposal to every rank in
+        # one alltoall (one round of messages; an allreduce's ring takes
+        # 2(n - 1) rounds, which is what a few calls per step pay for).
+        proposal = torch.full((1 + MAX_CALLS,), _ABSENT, dtype=torch.int64)
         proposal[0] = len(run)
-        for i, call in enumerate(run):
-            proposal[1 + i], proposal[1 + MAX_CALLS + i] = call.digest, -call.digest
-        agreed = torch.empty_like(proposal)
-        self.comm.allreduce(tensor_view(proposal), tensor_view(agreed), "min")
+        proposal[1:1 + len(run)] = torch.tensor([call.digest for call in run], dtype=torch.int64)
+        sent = proposal.repeat(self.comm.size)
+        received = torch.empty_like(sent)
+        self.comm.alltoall(tensor_view(sent), tensor_view(received))
         with self._cond:
             self._stats["agreements"] += 1
-        count = int(agreed[0])
-        same = (agreed[1:1 + count] == -agreed[1 + MAX_CALLS:1 + MAX_CALLS + count]).tolist()
+        proposals = received.view(self.comm.size, 1 + MAX_CALLS)
+        count = int(proposals[:, 0].min())
+        digests = proposals[:, 1:1 + count]
+        same = (digests == digests[0]).all(dim=0).tolist()
         return max(1, same.index(False) if False in same else count)
 
     def _count(self, calls: List[NeighborCall]) -> None:
