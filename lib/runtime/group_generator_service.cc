@@ -150,32 +150,25 @@ void GroupGeneratorService::complete(std::uint64_t group_id) {
 void GroupGeneratorService::leave() {
   if (left_) return;
   left_ = true;
-  if (!is_host()) {
-    ask(kLeave, 0, false);
-    return;
-  }
-  std::vector<Delivery> deliveries;
-  {
-    const std::lock_guard lock(mutex_);
-    rethrow_if_failed();
-    engine_->leave(rank_);
-    deliveries = wake_waiters();
-  }
-  send_deliveries(deliveries);
+  announce(kLeave, [this] { engine_->leave(rank_); });
 }
 
 void GroupGeneratorService::linger() {
   if (left_ || lingering_) return;
   lingering_ = true;
+  announce(kLinger, [this] { engine_->linger(rank_); });
+}
+
+void GroupGeneratorService::announce(std::int64_t kind, const std::function<void()>& on_host) {
   if (!is_host()) {
-    ask(kLinger, 0, false);
+    ask(kind, 0, false);
     return;
   }
   std::vector<Delivery> deliveries;
   {
     const std::lock_guard lock(mutex_);
     rethrow_if_failed();
-    engine_->linger(rank_);
+    on_host();
     deliveries = wake_waiters();
   }
   send_deliveries(deliveries);

@@ -7,6 +7,7 @@ test with every rank's output attached.
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _dump_stacks_then_kill(procs) -> None:
+    """SIGABRT to the processes still running (faulthandler prints their
+    threads' stacks), a moment to write them, then SIGKILL."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.send_signal(signal.SIGABRT)
+    deadline = time.monotonic() + 3
+    for p in running:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        p.kill()
 
 
 def run_workers(scenario: str, world_size: int, out_dir: Path, local_size: int = None,
@@ -42,6 +59,9 @@ def run_workers(scenario: str, world_size: int, out_dir: Path, local_size: int =
             "LOCAL_RANK": str(rank % local_size), "LOCAL_WORLD_SIZE": str(local_size),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1", "BAGUA_COMM_TIMEOUT_S": env.get("BAGUA_COMM_TIMEOUT_S", "60"),
+            # A hung rank is sent SIGABRT before it is killed: Python then
+            # prints every thread's stack into its log.
+            "PYTHONFAULTHANDLER": "1",
         })
         env.update(extra_env or {})
         log = open(out_dir / f"rank{rank}.log", "w")
@@ -53,15 +73,14 @@ def run_workers(scenario: str, world_size: int, out_dir: Path, local_size: int =
         try:
             code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            for p, _ in procs:
-                p.kill()
+            _dump_stacks_then_kill([p for p, _ in procs])
             code = "timeout"
         log.close()
         if code != 0 and not (rank in may_fail and code != "timeout"):
             failed.append((rank, code))
     if failed:
-        logs = "\n".join(f"--- rank {r} ---\n" + (out_dir / f"rank{r}.log").read_text()[-3000:]
-                         for r in range(world_size))
+        logs = "\n".join(f"--- rank {r} (result saved: {(out_dir / f'rank{r}.pt').exists()}) ---\n"
+                         + (out_dir / f"rank{r}.log").read_text()[-6000:] for r in range(world_size))
         raise AssertionError(f"scenario {scenario} on {world_size} ranks failed: {failed}\n{logs}")
     return [None if r in may_fail and not (out_dir / f"rank{r}.pt").exists()
             else torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -90,6 +91,9 @@ class GroupGeneratorService {
 
   // Client side.
   std::vector<std::int64_t> ask(std::int64_t kind, std::int64_t group_id, bool expect_reply);
+  // A message that needs no answer (LEAVE, LINGER): sent to the host, or on
+  // the host `on_host` applied to the engine, then the waiting ranks polled.
+  void announce(std::int64_t kind, const std::function<void()>& on_host);
   void record_acquired(const Group& group, std::chrono::steady_clock::time_point asked);
 
   // Host side (under mutex_ unless noted).
