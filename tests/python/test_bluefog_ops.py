@@ -344,7 +344,7 @@ def test_mismatched_patterns_raise_value_error_on_every_rank(n, tmp_path):
 
 def test_unchecked_mismatch_times_out_instead_of_hanging(tmp_path):
     results = run("unchecked_mismatch", 4, tmp_path, timeout=120,
-                  extra_env={"BAGUA_COMM_TIMEOUT_S": "4"})
+                  extra_env={"BAGUA_COMM_TIMEOUT_S": "2"})
     name, is_value_error, message = results[0]["error"]
     assert "Timeout" in name and "neighbor_allreduce" in message and "rank 0 of 4" in message
     assert results[0]["seconds"] < 30

@@ -77,7 +77,7 @@ def run_digits(tmp_path, world, algorithm, *args):
     return json.loads(results.read_text()), proc.stderr
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3])  # odd: chunks of unequal size (2 ranks: 15-20 s more for CI)
 def test_qadam_trains_like_gradient_allreduce_with_short_warmups(world, tmp_path):
     reference, _ = run_digits(tmp_path, world, "gradient_allreduce")
     # --flat: the momentum is compressed among all ranks (C_LP_S, chunk = bucket / world).
