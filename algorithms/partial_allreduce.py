@@ -31,8 +31,8 @@ from typing import Callable, List, Optional
 
 import torch
 
-from bagua.torch_api import InvalidArgumentError, get_local_size, partial_allreduce_inplace
-from bagua.torch_api._core import core
+from bagua.torch_api import InvalidArgumentError, get_local_size
+from bagua.torch_api._core import core, tensor_view
 from bagua.torch_api.algorithms._ripples_engine import Group, GroupGeneratorEngine, static_schedule
 from bagua.torch_api.algorithms.base import (
     Algorithm,
@@ -337,10 +337,13 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         group's request included): training reads the weights meanwhile."""
         params = [p for _, p in bagua_ddp.bagua_build_params()]
         buffers = _flatten_by_dtype(params)
+        written = _written_event(buffers)
         result = {}
 
         def run():
             try:
+                if written is not None:
+                    written.synchronize()
                 result["group"] = self._reduce(buffers, step)
             except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
                 result["error"] = error
@@ -382,10 +385,17 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         start = time.monotonic()
         if len(group.ranks) > 1:
             for buffer in buffers:
-                view = core.TensorView(buffer.data_ptr(), buffer.numel(), _dtype_name(buffer), "cpu")
                 if self.low_precision and buffer.dtype == torch.float32:
-                    core.low_precision_partial_allreduce(self._comm, view, group.ranks, group.id)
+                    # The MinMaxUInt8 P-Reduce reads host memory: a CUDA
+                    # buffer goes through a host copy.
+                    host = buffer.cpu() if buffer.is_cuda else buffer
+                    core.low_precision_partial_allreduce(self._comm, tensor_view(host), group.ranks, group.id)
+                    if host is not buffer:
+                        buffer.copy_(host)
                 else:
+                    # CUDA buffers: NCCL's ring on the device, or Gloo's
+                    # through host staging (the communicator waits for them).
+                    view = tensor_view(buffer, allow_cuda=True)
                     self._comm.partial_allreduce(view, view, group.ranks, "avg", group.id, False)
         end = time.monotonic()
         if len(group.ranks) > 1:
@@ -417,6 +427,9 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         self._aborted = True
         params = [p for _, p in bagua_ddp.bagua_build_params()]
         buffers = _flatten_by_dtype(params)
+        written = _written_event(buffers)
+        if written is not None:
+            written.synchronize()
         if self._generator is not None:
             if linger:
                 self._final_group(buffers)
@@ -485,17 +498,24 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         return stats
 
 
-def _dtype_name(tensor) -> str:
-    from bagua.torch_api._core import dtype_name
-    return dtype_name(tensor.dtype)
-
-
 def _flatten_by_dtype(params) -> List[torch.Tensor]:
     """One flat copy of the weights per dtype, in parameter order."""
     by_dtype = {}
     for p in params:
         by_dtype.setdefault(p.dtype, []).append(p.detach().reshape(-1))
     return [torch.cat(chunks) for chunks in by_dtype.values()]
+
+
+def _written_event(buffers):
+    """For CUDA buffers, an event after their copies on torch's current
+    stream: the P-Reduce's communicator (its own stream, or host staging)
+    does not wait for torch's stream, so the P-Reduce waits for this first.
+    None for host buffers."""
+    if not buffers or not buffers[0].is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(buffers[0].device))
+    return event
 
 
 def _unflatten_into(buffers, params) -> None:

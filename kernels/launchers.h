@@ -38,6 +38,12 @@ const char* chunked_reduce(const void* chunks, std::int64_t chunk_count,
                            std::int64_t chunk_elements, int dtype, bool mean, void* out,
                            void* stream) noexcept;
 
+// out[i] = a[i] (op) b[i], `op` a bagua::ReduceOp value (kAvg adds: the
+// caller divides once every operand is in); `out` may alias `a` or `b`. The
+// pairwise step of a ring reduction (the NCCL P-Reduce's).
+const char* pairwise_reduce(void* out, const void* a, const void* b, std::int64_t numel, int dtype,
+                            int op, void* stream) noexcept;
+
 // y[i] = a * x[i] + b * y[i] for floating dtypes (error feedback residuals).
 const char* axpby(double a, const void* x, double b, void* y, std::int64_t numel, int dtype,
                   void* stream) noexcept;

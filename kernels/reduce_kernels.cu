@@ -1,6 +1,8 @@
-// The chunked reduce on the device, with the element math of the CPU path
-// (bagua/core/element_math.h): out[i] = sum over j of chunks[j][i], divided
-// by the number of chunks for a mean (the local step of the scatter-reduce).
+// Reductions on the device, with the element math of the CPU path
+// (bagua/core/element_math.h):
+// - chunked_reduce: out[i] = sum over j of chunks[j][i], divided by the number
+//   of chunks for a mean (the local step of the scatter-reduce);
+// - pairwise_reduce: out[i] = a[i] (op) b[i], a ring step's reduction.
 #include <cuda_runtime.h>
 
 #include "bagua/core/dtype.h"
@@ -23,6 +25,13 @@ __global__ void chunked_reduce_kernel(const T* chunks, std::int64_t chunk_count,
   });
 }
 
+template <typename T>
+__global__ void pairwise_reduce_kernel(T* out, const T* a, const T* b, std::int64_t count,
+                                       ReduceOp op) {
+  for_each_index(
+      count, [&](std::int64_t i) { out[i] = store<T>(combine<T>(op, load(a[i]), load(b[i]))); });
+}
+
 }  // namespace
 
 const char* chunked_reduce(const void* chunks, std::int64_t chunk_count,
@@ -34,6 +43,18 @@ const char* chunked_reduce(const void* chunks, std::int64_t chunk_count,
     chunked_reduce_kernel<T>
         <<<blocks_for(chunk_elements), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
             static_cast<const T*>(chunks), chunk_count, chunk_elements, mean, static_cast<T*>(out));
+  });
+}
+
+const char* pairwise_reduce(void* out, const void* a, const void* b, std::int64_t numel, int dtype,
+                            int op, void* stream) noexcept {
+  if (numel == 0) return nullptr;
+  return launch_for_type(dtype, "pairwise_reduce: unknown dtype", [&](auto tag) {
+    using T = decltype(tag);
+    pairwise_reduce_kernel<T>
+        <<<blocks_for(numel), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), numel,
+            static_cast<ReduceOp>(op));
   });
 }
 

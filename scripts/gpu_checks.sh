@@ -48,7 +48,7 @@ tests_lane() {
   echo "== test_gpu.py: exit $?; $(tail -n 1 "$OUT/test_gpu.log")" >> "$OUT/lanes.txt"
 }
 
-ALGOS=${ALGOS:-"gradient_allreduce bytegrad qadam decentralized decentralized_ring low_precision_decentralized_ring async_model_average powersgd"}
+ALGOS=${ALGOS:-"gradient_allreduce bytegrad qadam decentralized decentralized_ring low_precision_decentralized_ring async_model_average powersgd partial_allreduce_smart partial_allreduce_static"}
 # digits BACKEND NPROC PORT DEVICE: every algorithm, on DEVICE's tensors.
 digits_lane() {
   local backend=$1 nproc=$2 port=$3 device=$4 algo status name

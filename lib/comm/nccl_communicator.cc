@@ -14,18 +14,22 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "bagua/comm/group_tags.h"
 #include "bagua/core/cuda.h"
 #include "bagua/core/env.h"
 #include "bagua/core/errors.h"
 #include "bagua/core/logging.h"
 #include "core/cuda_checks.h"
+#include "launchers.h"  // the ring's reduction kernel (kernels/reduce_kernels.cu)
 
 namespace bagua {
 namespace {
@@ -277,6 +281,28 @@ class NcclCommunicator final : public Communicator {
     allreduce(view, view, ReduceOp::kSum);
   }
 
+  // P-Reduce. NCCL matches messages by peer and order, not by tag, so the
+  // members first exchange (group key, numel, dtype, op) with their ring
+  // neighbours: members that disagree about the group fail naming it (the
+  // ones that see it: InvalidArgument; the rest time out) rather than mix
+  // data. CUDA buffers then run the ring on the stream; host buffers take
+  // the base class's ring, staged message by message.
+  void do_partial_allreduce(const TensorView& send, const TensorView& recv,
+                            std::span<const int> members, ReduceOp op, std::uint64_t group_id,
+                            bool verify) override {
+    BAGUA_CHECK_ARG(send.device.type == recv.device.type,
+                    "partial_allreduce on rank {}: send and recv must be on the same device, got "
+                    "{} and {}",
+                    rank_, send.describe(), recv.describe());
+    const DeviceRing ring = device_ring(members, group_id);
+    naming_the_group(ring, [&] { check_neighbours_agree(ring, send, op); });
+    if (send.device.type != DeviceType::kCUDA) {
+      Communicator::do_partial_allreduce(send, recv, members, op, group_id, verify);
+      return;
+    }
+    naming_the_group(ring, [&] { partial_allreduce_on_device(ring, send, recv, op); });
+  }
+
   std::unique_ptr<Communicator> do_new_group(std::span<const int> ranks) override {
     return make_group(ranks, options_.communication_stream);
   }
@@ -345,6 +371,130 @@ class NcclCommunicator final : public Communicator {
                  "ncclRecv", op);
     }
     return lib_.group_end();
+  }
+
+  // The P-Reduce's ring: this rank's place among the members.
+  struct DeviceRing {
+    std::span<const int> members;
+    std::uint64_t group_id = 0;
+    int me = 0;
+    int m() const { return static_cast<int>(members.size()); }
+    int next() const { return members[static_cast<std::size_t>((me + 1) % m())]; }
+    int prev() const { return members[static_cast<std::size_t>((me + m() - 1) % m())]; }
+  };
+
+  DeviceRing device_ring(std::span<const int> members, std::uint64_t group_id) const {
+    const auto at = std::find(members.begin(), members.end(), rank_);
+    return {members, group_id, static_cast<int>(at - members.begin())};
+  }
+
+  std::string describe(const DeviceRing& ring) const {
+    return fmt::format("partial_allreduce of group {} (ranks {}) on rank {}", ring.group_id,
+                       fmt::join(ring.members, ","), rank_);
+  }
+
+  // Runs `step`; its errors name the group.
+  template <typename Step>
+  void naming_the_group(const DeviceRing& ring, Step&& step) const {
+    try {
+      step();
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(fmt::format("{}: {}", describe(ring), e.what()));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("{}: {}", describe(ring), e.what()));
+    } catch (const BackendError& e) {
+      throw BackendError(fmt::format("{}: {}", describe(ring), e.what()));
+    }
+  }
+
+  // Sends (key, numel, dtype, op) to the next and previous member and
+  // compares what they sent.
+  void check_neighbours_agree(const DeviceRing& ring, const TensorView& send, ReduceOp op) {
+    constexpr int kFields = 4;
+    const std::array<std::int64_t, kFields> mine{
+        static_cast<std::int64_t>(group_tags::group_key(ring.members, ring.group_id)), send.numel,
+        static_cast<std::int64_t>(send.dtype), static_cast<std::int64_t>(op)};
+    std::array<std::int64_t, 2 * kFields> theirs{};
+    const auto view = [](const std::int64_t* data) {
+      return TensorView{const_cast<std::int64_t*>(data), kFields, DType::kInt64, {}};
+    };
+    const int next = ring.next(), prev = ring.prev();
+    const PeerMessage sends[] = {{view(mine.data()), next}, {view(mine.data()), prev}};
+    const PeerMessage receives[] = {{view(theirs.data()), prev},
+                                    {view(theirs.data() + kFields), next}};
+    send_recv(sends, receives);
+    for (int side = 0; side < 2; ++side) {
+      const std::int64_t* row = theirs.data() + side * kFields;
+      if (std::equal(row, row + kFields, mine.begin())) continue;
+      throw InvalidArgument(fmt::format(
+          "rank {} passed {}[{}] op {}{}, this rank {}[{}] op {}", side == 0 ? prev : next,
+          to_string(static_cast<DType>(row[2])), row[1], to_string(static_cast<ReduceOp>(row[3])),
+          row[0] == mine[0] ? "" : " for another group (members or id)", to_string(send.dtype),
+          send.numel, to_string(op)));
+    }
+  }
+
+  // The ring of Communicator::partial_allreduce (lib/comm/partial_allreduce.cc:
+  // the same chunks, steps and order of reduction, so the same bits), every
+  // step enqueued on the stream and one wait at the end.
+  void partial_allreduce_on_device(const DeviceRing& ring, const TensorView& send,
+                                   const TensorView& recv, ReduceOp op) {
+    using group_tags::chunk_of;
+    const int m = ring.m();
+    const std::int64_t n = recv.numel;
+    const std::size_t element = dtype_size(recv.dtype);
+    // Every chunk but (me + 1)'s in the reduce-scatter, every chunk but
+    // (me + 2)'s in the allgather.
+    count(static_cast<std::size_t>(2 * n - chunk_of(n, m, (ring.me + 1) % m).numel -
+                                   chunk_of(n, m, (ring.me + 2) % m).numel) *
+          element);
+    CachingAllocator::Block scratch =
+        cuda_device_pool(options_.device)
+            .allocate(static_cast<std::size_t>(chunk_of(n, m, 0).numel) * element);
+    try {
+      run("partial_allreduce", {send}, {recv}, [&](const auto& in, const auto& out) {
+        const TensorView& x = out[0];
+        if (in[0].data != x.data) copy_async(x, in[0]);
+        const TensorView incoming{scratch.data(), 0, x.dtype, x.device};
+        for (int s = 0; s < m - 1; ++s) {  // reduce-scatter
+          const auto mine = chunk_of(n, m, (ring.me - s + m) % m);
+          const auto theirs = chunk_of(n, m, (ring.me - s - 1 + 2 * m) % m);
+          exchange_with_neighbours(ring, x.slice(mine.offset, mine.numel),
+                                   TensorView{incoming.data, theirs.numel, x.dtype, x.device});
+          const TensorView target = x.slice(theirs.offset, theirs.numel);
+          detail::check_launch(
+              kernels::pairwise_reduce(target.data, target.data, incoming.data, theirs.numel,
+                                       static_cast<int>(x.dtype), static_cast<int>(op), stream_),
+              "partial_allreduce", target);
+        }
+        if (op == ReduceOp::kAvg) {
+          const auto own = chunk_of(n, m, (ring.me + 1) % m);
+          const TensorView target = x.slice(own.offset, own.numel);
+          detail::check_launch(kernels::divide_inplace(target.data, own.numel,
+                                                       static_cast<int>(x.dtype), m, stream_),
+                               "partial_allreduce", target);
+        }
+        for (int s = 0; s < m - 1; ++s) {  // allgather
+          const auto mine = chunk_of(n, m, (ring.me + 1 - s + m) % m);
+          const auto theirs = chunk_of(n, m, (ring.me - s + m) % m);
+          exchange_with_neighbours(ring, x.slice(mine.offset, mine.numel),
+                                   x.slice(theirs.offset, theirs.numel));
+        }
+        return ncclSuccess;
+      });
+    } catch (...) {
+      failed_staging_.push_back(std::move(scratch));  // the stream may still use it
+      throw;
+    }
+  }
+
+  // One ring step: `out` to the next member, `in` from the previous one.
+  void exchange_with_neighbours(const DeviceRing& ring, const TensorView& out,
+                                const TensorView& in) {
+    Exchange exchange;
+    exchange.sends.push_back({out, ring.next()});
+    exchange.receives.push_back({in, ring.prev()});
+    check_nccl(post("partial_allreduce", exchange), "ncclGroupEnd", "partial_allreduce");
   }
 
   std::unique_ptr<Communicator> make_group(std::span<const int> ranks, bool communication_stream) {

@@ -18,6 +18,7 @@
 
 #include "bagua/comm/communicator.h"
 #include "bagua/comm/group_tags.h"
+#include "bagua/core/cuda.h"
 #include "bagua/core/elementwise.h"
 #include "bagua/core/errors.h"
 
@@ -136,7 +137,16 @@ void Communicator::partial_allreduce(const TensorView& send, const TensorView& r
   check_members(send, recv, members);
   if (send.numel == 0) return;
   if (members.size() == 1) {
-    if (send.data != recv.data) std::memcpy(recv.data, send.data, send.nbytes());
+    if (send.data == recv.data) return;
+    if (send.device.type == DeviceType::kCPU && recv.device.type == DeviceType::kCPU) {
+      std::memcpy(recv.data, send.data, send.nbytes());
+    } else {  // a CUDA buffer: copied on the device's communication stream
+      const int device =
+          send.device.type == DeviceType::kCUDA ? send.device.index : recv.device.index;
+      void* stream = cuda_communication_stream(device);
+      cuda_copy_async(recv.data, send.data, send.nbytes(), stream);
+      cuda_stream_wait(stream, timeout(), "partial_allreduce of a group of one");
+    }
     return;
   }
   do_partial_allreduce(send, recv, members, op, group_id, verify);

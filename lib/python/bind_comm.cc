@@ -61,15 +61,6 @@ class PythonStore final : public Store {
   std::shared_ptr<py::object> store_;
 };
 
-ReduceOp parse_reduce_op(const std::string& name) {
-  for (auto op :
-       {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
-    if (to_string(op) == name) return op;
-  }
-  throw InvalidArgument("unsupported reduce op '" + name +
-                        "' (supported: sum, avg, min, max, product)");
-}
-
 void bind_store(py::module_& m) {
   py::class_<Store, std::shared_ptr<Store>>(m, "Store")
       .def("set",

@@ -116,6 +116,15 @@ void bind_env(py::module_& m) {
 
 }  // namespace
 
+ReduceOp parse_reduce_op(const std::string& name) {
+  for (auto op :
+       {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    if (to_string(op) == name) return op;
+  }
+  throw InvalidArgument("unsupported reduce op '" + name +
+                        "' (supported: sum, avg, min, max, product)");
+}
+
 Device parse_device(const std::string& text) {
   if (text == "cpu") return Device{DeviceType::kCPU, -1};
   if (text.rfind("cuda", 0) == 0) {

@@ -59,6 +59,13 @@ void bind_cuda_kernels(py::module_& t) {
       py::arg("chunks"), py::arg("chunk_count"), py::arg("out"), py::arg("mean"),
       py::arg("stream") = 0);
   t.def(
+      "cuda_pairwise_reduce",
+      [](const std::string& op, const TensorView& out, const TensorView& a, const TensorView& b,
+         std::uintptr_t stream) {
+        cuda_pairwise_reduce(parse_reduce_op(op), out, a, b, as_stream(stream));
+      },
+      py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("stream") = 0);
+  t.def(
       "cuda_async_average_update",
       [](const TensorView& w, const TensorView& sum, const TensorView& snapshot, std::int64_t ranks,
          std::uintptr_t stream) {

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "bagua/core/reduce_op.h"
 #include "bagua/core/tensor_view.h"
 
 namespace bagua::python {
@@ -52,6 +53,9 @@ std::shared_ptr<T> gil_safe(T object) {
 
 // "cpu", "cuda" or "cuda:<index>" (InvalidArgument otherwise).
 Device parse_device(const std::string& text);
+
+// "sum", "avg", "min", "max" or "product" (InvalidArgument otherwise).
+ReduceOp parse_reduce_op(const std::string& name);
 
 // A cudaStream_t passed from Python as an integer
 // (torch.cuda.current_stream().cuda_stream; 0 is the legacy default stream).

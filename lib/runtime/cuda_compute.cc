@@ -58,6 +58,22 @@ void cuda_chunked_reduce(const TensorView& chunks, std::int64_t chunk_count, con
                        "cuda_chunked_reduce", out);
 }
 
+void cuda_pairwise_reduce(ReduceOp op, const TensorView& out, const TensorView& a,
+                          const TensorView& b, void* stream) {
+  BAGUA_CHECK_ARG(out.device.type == DeviceType::kCUDA && a.device.type == DeviceType::kCUDA &&
+                      b.device.type == DeviceType::kCUDA,
+                  "cuda_pairwise_reduce needs CUDA tensors, got {}, {} and {}", out.describe(),
+                  a.describe(), b.describe());
+  BAGUA_CHECK_ARG(
+      out.numel == a.numel && out.numel == b.numel && out.dtype == a.dtype && out.dtype == b.dtype,
+      "cuda_pairwise_reduce: operands differ ({}, {}, {})", out.describe(), a.describe(),
+      b.describe());
+  detail::check_launch(kernels::pairwise_reduce(out.data, a.data, b.data, out.numel,
+                                                static_cast<int>(out.dtype), static_cast<int>(op),
+                                                stream),
+                       "cuda_pairwise_reduce", out);
+}
+
 namespace {
 
 // y = a * x + b * y (floating dtypes, same numel and dtype), computed in

@@ -1,5 +1,5 @@
 """Worker scenario of test_gpu.py, run on several processes sharing one GPU
-by launcher.run_workers. Usage: gpu_workers.py bucket_ops OUT_DIR [cpu];
+by launcher.run_workers. Usage: gpu_workers.py bucket_ops|partial_allreduce OUT_DIR [cpu];
 each rank saves its results to OUT_DIR/rank{RANK}.pt."""
 
 import os
@@ -34,8 +34,43 @@ def scenario_bucket_ops(out_dir, devices="cpu,cuda"):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_partial_allreduce(out_dir):
+    """P-Reduces of this rank's data, on host tensors and then on CUDA tensors
+    (Gloo, staged through host memory): first over the whole world, then
+    ranks 0 and world-1 together while the others are alone. Saves
+    {call-dtype: (cpu result, cuda result)}."""
+    from bucket_op_harness import view
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.makedirs(os.path.join(out_dir, "store"), exist_ok=True)
+    store = bagua_core.file_store(os.path.join(out_dir, "store"))
+    results = {}
+    for dtype in (torch.float32, torch.float16, torch.float64):
+        data = (torch.randn(70_001, generator=torch.Generator().manual_seed(11 + rank)) * 3).to(dtype)
+        for call, members in (("world", list(range(world))), ("pair", sorted({0, world - 1}))):
+            if rank not in members:
+                members = [rank]
+            key = f"{call}-{str(dtype).split('.')[-1]}"
+            runs = []
+            for device in ("cpu", "cuda"):
+                comm = bagua_core.gloo_communicator(store, rank, world, prefix=f"{key}-{device}")
+                send = data.to(device)
+                recv = torch.empty_like(send)
+                comm.partial_allreduce(view(send), view(recv), members, "avg", 7, True)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                assert torch.equal(send.cpu(), data), "the input changed"
+                if members == [rank]:
+                    assert torch.equal(recv.cpu(), data), "a group of one changed the data"
+                runs.append(recv.cpu())
+            results[key] = tuple(runs)
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+SCENARIOS = {"bucket_ops": scenario_bucket_ops, "partial_allreduce": scenario_partial_allreduce}
+
 if __name__ == "__main__":
     scenario, out_dir, *args = sys.argv[1:]
-    if scenario != "bucket_ops":
+    if scenario not in SCENARIOS:
         raise SystemExit(f"unknown scenario {scenario}")
-    scenario_bucket_ops(out_dir, *args)
+    SCENARIOS[scenario](out_dir, *args)

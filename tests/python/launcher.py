@@ -3,7 +3,9 @@ collects each rank's results.
 
 Every rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
 a free MASTER_PORT; a rank that fails or a run that passes `timeout` fails the
-test with every rank's output attached.
+test with every rank's output attached. Ranks are forked from pre-imported
+interpreters where that is equivalent (forkserver.py; BAGUA_TEST_FORKSERVER=0
+starts each from scratch).
 """
 
 import os
@@ -15,6 +17,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from forkserver import spawn_worker
 
 WORKERS = Path(__file__).with_name("workers.py")
 
@@ -65,8 +69,11 @@ def run_workers(scenario: str, world_size: int, out_dir: Path, local_size: int =
         })
         env.update(extra_env or {})
         log = open(out_dir / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(script), scenario, str(out_dir), *args],
-                                       env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        argv = [str(script), scenario, str(out_dir), *args]
+        proc = spawn_worker(rank, argv, env, out_dir / f"rank{rank}.log")
+        if proc is None:  # a fresh interpreter (see forkserver.py)
+            proc = subprocess.Popen([sys.executable, *argv], env=env, stdout=log, stderr=subprocess.STDOUT)
+        procs.append((proc, log))
     deadline = time.monotonic() + timeout
     failed = []
     for rank, (proc, log) in enumerate(procs):

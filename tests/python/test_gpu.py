@@ -230,6 +230,45 @@ def test_bucket_ops_on_cuda_equal_the_cpu_path_across_processes(tmp_path, world_
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("op", ["sum", "avg", "min", "max", "product"])
+def test_pairwise_reduce_matches_the_cpu_bit_for_bit(dtype, op):
+    """The NCCL P-Reduce's ring step (kernels/reduce_kernels.cu): torch's CPU
+    ops compute 16-bit values in float and round once, as ours do."""
+    g = torch.Generator().manual_seed(3)
+    a = (torch.randn(70_001, generator=g) * 4).to(dtype)
+    b = (torch.randn(70_001, generator=g) * 4).to(dtype)
+    reference = {"sum": torch.add, "avg": torch.add, "min": torch.minimum, "max": torch.maximum,
+                 "product": torch.mul}[op](a, b)
+    ga, gb = a.cuda(), b.cuda()
+    out = torch.empty_like(ga)
+    bagua_core._testing.cuda_pairwise_reduce(op, view(out), view(ga), view(gb), stream())
+    bagua_core._testing.cuda_pairwise_reduce(op, view(gb), view(ga), view(gb), stream())  # in place
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), reference)
+    assert torch.equal(gb.cpu(), reference)
+
+
+@gpu
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_partial_allreduce_of_cuda_tensors_equals_the_cpu_across_processes(tmp_path, world_size):
+    """P-Reduces of CUDA tensors over host-staged Gloo (processes sharing the
+    GPU; NCCL refuses two ranks on one device): the same bits as the same
+    calls on host tensors, members bit-identical, a rank alone untouched."""
+    results = run_workers("partial_allreduce", world_size, tmp_path, script=GPU_WORKERS, timeout=300)
+    for rank, runs in enumerate(results):
+        for key, (cpu, gpu_result) in runs.items():
+            assert torch.equal(cpu, gpu_result), (rank, key)
+    for key in results[0]:
+        if key.startswith("world"):
+            assert all(torch.equal(r[key][0], results[0][key][0]) for r in results), key
+        else:  # ranks 0 and world-1 average, the others keep their data
+            assert torch.equal(results[0][key][0], results[-1][key][0]), key
+            for r in results[1:-1]:
+                assert not torch.equal(r[key][0], results[0][key][0]), key
+
+
+@gpu
 def test_event_pool_and_scratch_pool_are_reused_across_iterations():
     """After the first iteration no new events are created (the pool
     recycles them)."""

@@ -42,7 +42,7 @@ def test_primitive_matches_the_members_mean(world_size, tmp_path):
         assert torch.allclose(r["repeated"], torch.full((10,), (world_size - 1) / 2))
 
 
-@pytest.mark.parametrize("mode,world_size", [("smart", 5), ("random", 3)])
+@pytest.mark.parametrize("mode,world_size", [("smart", 5), ("random", 3), ("smart", 8)])
 def test_group_generator_service_from_python(mode, world_size, tmp_path):
     results = run_workers("service", world_size, tmp_path, args=(mode, "3"), script=WORKERS)
     total = sum(float(r * r) for r in range(world_size))
@@ -110,7 +110,7 @@ def _check_communication_stats(results, expected_fraction: float, tolerance: flo
 
 
 @pytest.mark.parametrize("generator,overlap,world_size", [
-    ("smart", "1", 4), ("random", "0", 3), ("static", "1", 5),
+    ("random", "0", 2), ("smart", "1", 4), ("random", "0", 3), ("static", "1", 5), ("smart", "1", 8),
 ])
 def test_training_lr0_is_the_serial_replay(generator, overlap, world_size, tmp_path):
     results = run_workers("train", world_size, tmp_path, args=(generator, overlap, "0"), script=WORKERS,
@@ -123,7 +123,8 @@ def test_training_lr0_is_the_serial_replay(generator, overlap, world_size, tmp_p
 
 
 @pytest.mark.parametrize("generator,overlap,world_size", [
-    ("smart", "0", 3), ("random", "1", 4), ("static", "0", 4),
+    ("static", "1", 2), ("smart", "0", 3), ("random", "1", 4), ("static", "0", 4), ("smart", "0", 8),
+    ("random", "1", 7),
 ])
 def test_training_conserves_the_sum_of_weights(generator, overlap, world_size, tmp_path):
     lr = 0.05

@@ -38,4 +38,9 @@ void cuda_minmax_uint8_decompress(const void* in, std::int64_t chunk_elements,
 void cuda_chunked_reduce(const TensorView& chunks, std::int64_t chunk_count, const TensorView& out,
                          bool mean, void* stream);
 
+// out = a (op) b element-wise on the device (kAvg adds), the ring step of the
+// NCCL P-Reduce; the math of reduce_into (bagua/core/elementwise.h).
+void cuda_pairwise_reduce(ReduceOp op, const TensorView& out, const TensorView& a,
+                          const TensorView& b, void* stream);
+
 }  // namespace bagua
