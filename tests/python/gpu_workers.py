@@ -67,7 +67,48 @@ def scenario_partial_allreduce(out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-SCENARIOS = {"bucket_ops": scenario_bucket_ops, "partial_allreduce": scenario_partial_allreduce}
+def scenario_bluefog_windows(out_dir, devices="cpu,cuda"):
+    """BlueFog's one-sided windows on host tensors, then on CUDA tensors
+    (host-staged), the same calls with a barrier between steps: put, update,
+    accumulate with a self weight, get, update into a clone, associated p.
+    Saves {device: [results...]} (host copies)."""
+    import bagua.bluefog as bf
+
+    bf.init()
+    rank = bf.rank()
+    results = {}
+    for device in devices.split(","):
+        name = f"w_{device}"
+        x = torch.arange(1000, dtype=torch.float64, device=device) * 0.001 + rank
+        assert bf.win_create(x, name)
+        steps = []
+        bf.win_put(x, name)
+        bf.barrier()
+        steps.append(bf.win_update(name).cpu().clone())
+        bf.barrier()
+        bf.win_accumulate(x, name, self_weight=0.5)
+        steps.append(x.cpu().clone())
+        bf.barrier()
+        bf.win_get(name)
+        bf.barrier()
+        clone = bf.win_update(name, clone=True)
+        steps.append(clone.cpu().clone())
+        assert clone.device == x.device
+        steps.append(x.cpu().clone())
+        bf.turn_on_win_ops_with_associated_p()
+        bf.win_put(x, name, self_weight=0.5)
+        bf.barrier()
+        steps.append(bf.win_update(name).cpu().clone())
+        steps.append(torch.tensor(bf.win_associated_p(name)))
+        bf.turn_off_win_ops_with_associated_p()
+        bf.barrier()
+        assert bf.win_free(name)
+        results[device] = steps
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+SCENARIOS = {"bucket_ops": scenario_bucket_ops, "partial_allreduce": scenario_partial_allreduce,
+             "bluefog_windows": scenario_bluefog_windows}
 
 if __name__ == "__main__":
     scenario, out_dir, *args = sys.argv[1:]

@@ -270,7 +270,7 @@ def test_system_tuner_search_spaces():
     from bagua.service.autotune_system import _environment, _search_space
 
     _, first = _search_space("gloo")  # the runtime's defaults (docs/environment.md)
-    assert _environment("gloo", first) == {"BAGUA_SHARED_MEMORY": "1", "BAGUA_SHARED_MEMORY_MIN_BYTES": "65536"}
+    assert _environment("gloo", first) == {"BAGUA_SHARED_MEMORY": "1", "BAGUA_SHARED_MEMORY_MIN_BYTES": "1"}
     assert _environment("gloo", {"shared_memory": False, "shared_memory_min_bytes_2p": 20}) == \
         {"BAGUA_SHARED_MEMORY": "0"}
     _, first = _search_space("nccl")  # NCCL's defaults: nothing set but its own buffer size
@@ -291,8 +291,8 @@ def test_system_tuner_benchmarks_settings_on_this_machine(caplog):
     assert set(env) <= {"BAGUA_SHARED_MEMORY", "BAGUA_SHARED_MEMORY_MIN_BYTES"}
     if env["BAGUA_SHARED_MEMORY"] == "1":
         min_bytes = int(env["BAGUA_SHARED_MEMORY_MIN_BYTES"])
-        assert min_bytes & (min_bytes - 1) == 0 and 4096 <= min_bytes <= 16 * MiB
-    for trial in ("trial 1/3: BAGUA_SHARED_MEMORY=1 BAGUA_SHARED_MEMORY_MIN_BYTES=65536 ->", "trial 2/3:",
+        assert min_bytes & (min_bytes - 1) == 0 and 1 <= min_bytes <= 16 * MiB
+    for trial in ("trial 1/3: BAGUA_SHARED_MEMORY=1 BAGUA_SHARED_MEMORY_MIN_BYTES=1 ->", "trial 2/3:",
                   "trial 3/3:", "system tuning: best"):
         assert trial in caplog.text
 

@@ -269,6 +269,18 @@ def test_partial_allreduce_of_cuda_tensors_equals_the_cpu_across_processes(tmp_p
 
 
 @gpu
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bluefog_windows_on_cuda_tensors_equal_host_windows(tmp_path, world_size):
+    """Host-staged CUDA windows: the same calls give the same bits as on
+    host tensors, on every rank (processes sharing the GPU)."""
+    results = run_workers("bluefog_windows", world_size, tmp_path, script=GPU_WORKERS, timeout=300)
+    for rank, per_device in enumerate(results):
+        assert len(per_device["cuda"]) == len(per_device["cpu"]) == 6
+        for step, (c, g) in enumerate(zip(per_device["cpu"], per_device["cuda"])):
+            assert torch.equal(c, g), (rank, step)
+
+
+@gpu
 def test_event_pool_and_scratch_pool_are_reused_across_iterations():
     """After the first iteration no new events are created (the pool
     recycles them)."""
@@ -355,6 +367,24 @@ def _async_world_of_one(device):
         torch.cuda.synchronize()
     assert op.completed_rounds > 0
     assert torch.equal(weights.cpu(), torch.full((10000,), 50.0))
+
+
+def test_bluefog_windows_scenario_runs_on_the_cpu(tmp_path):
+    """The GPU test's window scenario on host tensors, against BlueFog's
+    closed forms (x_r = r + 0.001 i, uniform weights over the in-neighbours
+    of the exponential graph, here the one other rank)."""
+    results = run_workers("bluefog_windows", 2, tmp_path, script=GPU_WORKERS, args=("cpu",))
+    base = torch.arange(1000, dtype=torch.float64) * 0.001
+    mean = base + 0.5  # the average of ranks 0 and 1
+    for rank, per_device in enumerate(results):
+        steps = per_device["cpu"]
+        assert torch.allclose(steps[0], mean)                      # put, then update
+        assert torch.allclose(steps[1], mean * 0.5)                # accumulate's self weight
+        # the buffer: the put (mean), plus the accumulated mean, replaced by
+        # the get of the other rank's scaled tensor (mean / 2)
+        assert torch.allclose(steps[2], (mean * 0.5 + mean * 0.5) / 2)
+        assert torch.equal(steps[3], steps[1])                     # the clone left x alone
+    assert float(results[0]["cpu"][5]) == float(results[1]["cpu"][5])
 
 
 def test_async_model_average_world_of_one_on_the_cpu():

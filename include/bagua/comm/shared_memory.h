@@ -47,10 +47,12 @@ namespace bagua {
 struct SharedMemoryOptions {
   // Whether collectives may use shared memory at all (BAGUA_SHARED_MEMORY).
   bool enabled = true;
-  // Smaller buffers stay on the communicator's own transport, where a round
-  // of latency is cheaper than the synchronizations here
-  // (BAGUA_SHARED_MEMORY_MIN_BYTES).
-  std::int64_t min_bytes = 64LL * 1024;
+  // Smaller buffers stay on the communicator's own transport
+  // (BAGUA_SHARED_MEMORY_MIN_BYTES). By default none does: even a few bytes
+  // take 0.1-0.7 ms here against 0.5-7 ms over loopback TCP, whose every
+  // message waits for Gloo's event-loop thread and then the receiving thread
+  // (docs/benchmarks.md, "One allreduce by transport").
+  std::int64_t min_bytes = 1;
   // Bytes of one rank's slot (a piece); 0 picks a size from the world size.
   std::size_t slot_bytes = 0;
 };

@@ -13,7 +13,7 @@
 //   BAGUA_BACKEND                 gloo|nccl     gloo                backend
 //   BAGUA_CHECK_COLLECTIVES       bool (2)      1                   check_collectives
 //   BAGUA_SHARED_MEMORY           bool (2)      1                   shared_memory
-//   BAGUA_SHARED_MEMORY_MIN_BYTES bytes >= 1    65536               shared_memory_min_bytes
+//   BAGUA_SHARED_MEMORY_MIN_BYTES bytes >= 1    1                   shared_memory_min_bytes
 //   BAGUA_GLOO_HOSTNAME           string        (unset)             gloo_hostname
 //   BAGUA_TIMELINE                directory     (unset: off)        timeline
 //   BAGUA_AUTOTUNE                bool (2)      0                   autotune
@@ -63,7 +63,7 @@ struct EnvConfig {
   std::chrono::milliseconds comm_timeout{300'000};
   std::int64_t default_bucket_bytes = 10LL * 1024 * 1024;
   bool shared_memory = true;
-  std::int64_t shared_memory_min_bytes = 64LL * 1024;
+  std::int64_t shared_memory_min_bytes = 1;
   // Read by the Python package; an empty string means unset.
   std::string backend = "gloo";
   bool check_collectives = true;

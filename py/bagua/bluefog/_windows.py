@@ -12,9 +12,13 @@ service's client side sees one order; the calls never queue behind the
 neighbour ops of ``_ops``. Each wait is bounded by BAGUA_COMM_TIMEOUT_S and
 its error names the rank, the op and the window.
 
-Windows hold float32 or float64 host tensors; the registered tensor is live
-memory: ``win_get`` reads what it holds when the request arrives, and
-``win_update`` writes into it.
+Windows hold float32 or float64 tensors. A host tensor is live memory:
+``win_get`` reads what it holds when the request arrives, and ``win_update``
+writes into it. A CUDA tensor is staged: the service works on a pinned host
+mirror, refreshed from the device at each of this rank's window calls on
+that window (so a neighbour's ``win_get`` reads the tensor as of this rank's
+last window call), and ``win_update`` and a put's ``self_weight`` write
+their result back to the device before the call completes.
 """
 
 import atexit
@@ -39,6 +43,8 @@ class _Windows:
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="bagua-bluefog-win")
         self.tensors: Dict[str, torch.Tensor] = {}  # kept alive while registered
+        # CUDA windows: the pinned host copy the service works on.
+        self.mirrors: Dict[str, torch.Tensor] = {}
         self.handles: Dict[int, concurrent.futures.Future] = {}
         self.next_handle = 0
 
@@ -46,6 +52,7 @@ class _Windows:
         self.executor.shutdown(wait=True)
         self.service = None  # joins the progress thread
         self.tensors.clear()
+        self.mirrors.clear()
 
 
 _with_p = False
@@ -88,6 +95,24 @@ def _run(fn):
     return win_wait(_submit(fn), result=True)
 
 
+def _staged(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of a CUDA tensor (pinned, for the copies back and forth),
+    made once torch's current stream has produced it."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor)  # synchronous: waits for the device
+    return host
+
+
+def _host_side(w: _Windows, name: str) -> torch.Tensor:
+    """The memory the service reads for window ``name``: the registered host
+    tensor, or a CUDA window's mirror refreshed from the device."""
+    mirror = w.mirrors.get(name)
+    if mirror is None:
+        return w.tensors[name]
+    mirror.copy_(w.tensors[name])
+    return mirror
+
+
 def _require(name: str, op: str) -> _Windows:
     w = _windows()
     if w is None or name not in w.tensors:
@@ -123,16 +148,18 @@ def win_create(tensor: torch.Tensor, name: str, zero_init: bool = False) -> bool
     refusal = ""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"win_create: tensor must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
-        refusal = f"window tensors must be in host memory, got {tensor.device}"
+    if tensor.device.type not in ("cpu", "cuda"):
+        refusal = f"window tensors must be in host or CUDA memory, got {tensor.device}"
     elif not tensor.is_contiguous():
         refusal = "window tensors must be contiguous (the window is the tensor's own memory)"
     elif tensor.dtype not in (torch.float32, torch.float64):
         refusal = f"windows hold float32 or float64 tensors, got {tensor.dtype}"
+    mirror = None
     if refusal:
         view = core.TensorView(0, 0, "float32", "cpu")
     else:
-        view = tensor_view(tensor)
+        mirror = _staged(tensor) if tensor.is_cuda else None
+        view = tensor_view(tensor if mirror is None else mirror)
     sources = _state.in_neighbor_ranks()
 
     def run():
@@ -141,6 +168,8 @@ def win_create(tensor: torch.Tensor, name: str, zero_init: bool = False) -> bool
     created = _run(run)
     if created:
         w.tensors[name] = tensor
+        if mirror is not None:
+            w.mirrors[name] = mirror
     return created
 
 
@@ -155,8 +184,10 @@ def win_free(name: Optional[str] = None) -> bool:
     if freed:
         if name is None:
             w.tensors.clear()
+            w.mirrors.clear()
         else:
             w.tensors.pop(name, None)
+            w.mirrors.pop(name, None)
     return freed
 
 
@@ -167,12 +198,12 @@ def get_current_created_window_names() -> List[str]:
 
 # -- one-sided ops --------------------------------------------------------------------
 def _check_tensor(op: str, tensor: torch.Tensor, registered: torch.Tensor) -> None:
-    if (not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu"
+    if (not isinstance(tensor, torch.Tensor) or tensor.device.type not in ("cpu", "cuda")
             or not tensor.is_contiguous() or tensor.dtype != registered.dtype
             or tensor.numel() != registered.numel()):
         raise ValueError(f"{op} on rank {_state.rank()}: the tensor must be a contiguous host "
-                         f"tensor of {registered.numel()} elements of {registered.dtype}, like "
-                         "the window's")
+                         f"or CUDA tensor of {registered.numel()} elements of {registered.dtype}, "
+                         "like the window's")
 
 
 def _put_nonblocking(op: str, tensor, name, self_weight, dst_weights, require_mutex,
@@ -183,10 +214,19 @@ def _put_nonblocking(op: str, tensor, name, self_weight, dst_weights, require_mu
     dsts = _weights(op, "dst_weights", outs if dst_weights is None else dst_weights, outs,
                     "out-neighbours")
     self_weight = 1.0 if self_weight is None else float(self_weight)
-    view, with_p = tensor_view(tensor), _with_p
-    return _submit(lambda: w.service.put(
-        name, view, sorted(dsts.items()), self_weight=self_weight, accumulate=accumulate,
-        require_mutex=bool(require_mutex), with_p=with_p))
+    _host_side(w, name)  # a CUDA window's neighbours read it as of this call
+    host = _staged(tensor) if tensor.is_cuda else tensor
+    view, with_p = tensor_view(host), _with_p
+
+    def run():
+        done = w.service.put(name, view, sorted(dsts.items()), self_weight=self_weight,
+                             accumulate=accumulate, require_mutex=bool(require_mutex), with_p=with_p)
+        if host is not tensor and self_weight != 1.0:
+            tensor.copy_(host)  # the in-place self_weight scaling
+            if tensor is w.tensors.get(name) and name in w.mirrors:
+                w.mirrors[name].copy_(host)  # the window's own tensor: neighbours see it scaled
+        return done
+    return _submit(run)
 
 
 def win_put_nonblocking(tensor: torch.Tensor, name: str, self_weight: Optional[float] = None,
@@ -232,6 +272,7 @@ def win_get_nonblocking(name: str, src_weights=None, require_mutex: bool = False
     srcs = _weights("win_get", "src_weights", ins if src_weights is None else src_weights, ins,
                     "in-neighbours")
     with_p = _with_p
+    _host_side(w, name)
     return _submit(lambda: w.service.get(name, sorted(srcs.items()),
                                          require_mutex=bool(require_mutex), with_p=with_p))
 
@@ -265,12 +306,18 @@ def win_update(name: str, self_weight: Optional[float] = None, neighbor_weights=
         raise ValueError("win_update: neighbor_weights must be a dict {in-neighbour: weight}")
     weights = _weights("win_update", "neighbor_weights", neighbor_weights, ins, "in-neighbours")
     registered = w.tensors[name]
-    out = registered.clone() if clone else registered
+    host = _host_side(w, name)
+    out = host.clone() if clone else host
     view, with_p = tensor_view(out), _with_p
     _run(lambda: w.service.update(
         name, float(self_weight), sorted(weights.items()), divisor=divisor, reset=bool(reset),
         out=view, require_mutex=bool(require_mutex), with_p=with_p))
-    return out
+    if host is registered:
+        return out
+    if clone:
+        return out.to(registered.device)
+    registered.copy_(host)
+    return registered
 
 
 def win_update_then_collect(name: str, require_mutex: bool = True) -> torch.Tensor:

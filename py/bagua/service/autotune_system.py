@@ -80,7 +80,7 @@ def _search_space(backend: str) -> Tuple[Dict, Dict]:
     else:
         space = {
             "shared_memory": BoolParam(True),
-            "shared_memory_min_bytes_2p": IntParam(16, (12, 24)),  # the default is 64 KiB (docs/environment.md)
+            "shared_memory_min_bytes_2p": IntParam(0, (0, 24)),  # the default is 1 byte (docs/environment.md)
         }
     return space, {name: declaration.val for name, declaration in space.items()}
 
