@@ -199,7 +199,7 @@ class GlooCommunicator final : public Communicator {
     copy_if_distinct(send, recv);
     // The bytes a ring exchanges, whichever transport carries them.
     count(recv.nbytes() * 2 * (size() - 1) / size());
-    if (on_shared_memory(recv, [&](SharedMemoryGroup& shm) {
+    if (on_shared_memory("allreduce", recv, [&](SharedMemoryGroup& shm) {
           shm.allreduce(recv, op, options_.timeout, aborted_);
         })) {
       return;
@@ -247,7 +247,7 @@ class GlooCommunicator final : public Communicator {
   void do_allgather(const TensorView& send, const TensorView& recv) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes() * (size() - 1));
-    if (on_shared_memory(send, [&](SharedMemoryGroup& shm) {
+    if (on_shared_memory("allgather", send, [&](SharedMemoryGroup& shm) {
           shm.allgather(send, recv, options_.timeout, aborted_);
         })) {
       return;
@@ -301,7 +301,7 @@ class GlooCommunicator final : public Communicator {
   void do_alltoall(const TensorView& send, const TensorView& recv) override {
     if (size() == 1) return copy_if_distinct(send, recv);
     count(send.nbytes() * (size() - 1) / size());
-    if (on_shared_memory(send, [&](SharedMemoryGroup& shm) {
+    if (on_shared_memory("alltoall", send, [&](SharedMemoryGroup& shm) {
           shm.alltoall(send, recv, options_.timeout, aborted_);
         })) {
       return;
@@ -389,7 +389,7 @@ class GlooCommunicator final : public Communicator {
   // The shared-memory group when this call may use it. All ranks decide
   // alike (same size, same options); the first eligible call sets it up,
   // collectively.
-  SharedMemoryGroup* shared_memory_for(const TensorView& buffer) {
+  SharedMemoryGroup* shared_memory_for(const char* op, const TensorView& buffer) {
     if (size() == 1 || !shm_options_.enabled ||
         static_cast<std::int64_t>(buffer.nbytes()) < shm_options_.min_bytes) {
       return nullptr;
@@ -399,7 +399,19 @@ class GlooCommunicator final : public Communicator {
       // The setup's three small allgathers are not traffic of the caller's op.
       const std::int64_t sent = counters_.bytes_sent, received = counters_.bytes_received,
                          calls = counters_.calls;
-      shm_ = SharedMemoryGroup::attach(*this, shm_options_, options_.prefix);
+      // A failure names the caller's op: the user called it, not the
+      // setup's allgathers.
+      const auto setting_up = [&](const Error& e) {
+        return fmt::format("{} on rank {} of {} (group '{}'): setting up shared memory: {}", op,
+                           rank(), size(), options_.prefix, e.what());
+      };
+      try {
+        shm_ = SharedMemoryGroup::attach(*this, shm_options_, options_.prefix);
+      } catch (const TimeoutError& e) {
+        throw TimeoutError(setting_up(e));
+      } catch (const BackendError& e) {
+        throw BackendError(setting_up(e));
+      }
       counters_.bytes_sent = sent;
       counters_.bytes_received = received;
       counters_.calls = calls;
@@ -410,8 +422,8 @@ class GlooCommunicator final : public Communicator {
   // Runs `fn` on the shared-memory group and returns true when this call
   // may use it (`buffer`: what decides, the same size on every rank).
   template <typename Fn>
-  bool on_shared_memory(const TensorView& buffer, Fn&& fn) {
-    SharedMemoryGroup* shm = shared_memory_for(buffer);
+  bool on_shared_memory(const char* op, const TensorView& buffer, Fn&& fn) {
+    SharedMemoryGroup* shm = shared_memory_for(op, buffer);
     if (shm == nullptr) return false;
     if (aborted_.load()) {
       throw BackendError(
