@@ -225,8 +225,9 @@ def report_time_to_accuracy(curves, args):
         print(f"{name:>22} {'not reached' if seconds is None else f'{seconds:6.2f} s':>12} {spread:>13} "
               f"best {best:.4f} {'' if ratio is None else f'x GA {ratio:.2f}'}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    # The curves (one point per step and round) without indentation: a tenth of the size.
     Path(args.out).write_text(json.dumps({"machine": machine(), "config": vars(args), "results": rows,
-                                          "curves": curves}, indent=2))
+                                          "curves": curves}))
     print(f"wrote {args.out}")
 
 

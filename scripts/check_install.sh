@@ -2,13 +2,27 @@
 # Installs the package with meson-python into a throwaway venv (Debian's
 # python, system site packages for torch) and runs a 2-rank job from outside
 # the source tree, so nothing can come from the checkout by accident.
+#
+#   bash scripts/check_install.sh                 both, in a temporary directory
+#   bash scripts/check_install.sh --install DIR   only the install, into DIR/venv
+#   bash scripts/check_install.sh --run DIR       only the 2-rank job, on DIR/venv (then removes DIR)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 -m venv --system-site-packages "$work/venv"
-# The doctest suite is not part of the package: skip building it.
-"$work/venv/bin/pip" install -q --no-build-isolation --no-deps --config-settings=setup-args=-Dtests=false "$root"
+phase=both
+if [ "${1:-}" = "--install" ] || [ "${1:-}" = "--run" ]; then
+  phase=${1#--}
+  work=$2
+  mkdir -p "$work"
+else
+  work="$(mktemp -d)"
+fi
+[ "$phase" = install ] || trap 'rm -rf "$work"' EXIT
+if [ "$phase" != run ]; then
+  /usr/bin/python3 -m venv --system-site-packages "$work/venv"
+  # The doctest suite is not part of the package: skip building it.
+  "$work/venv/bin/pip" install -q --no-build-isolation --no-deps --config-settings=setup-args=-Dtests=false "$root"
+  [ "$phase" = install ] && exit 0
+fi
 cd "$work"
 cat > check.py <<'PY'
 import torch

@@ -6,43 +6,39 @@
 #
 # The suites mostly wait (timeouts, peers, sockets): about a third of the two
 # cores stays idle while they run. The sanitizer builds and the packaging
-# build fill that time at the lowest priority (nice 19), beside the suites
-# rather than before them.
+# install fill that time at the lowest priority (nice 19), beside the
+# doctest suite and pytest rather than before them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage() { echo "== $1 (at ${SECONDS} s) =="; }  # the budget is 20 minutes on 2 cores
-background=()
+background=()  # process groups of the background builds
+package=""     # where the packaging check installs
 # On a failure, the builds still running in the background stop too.
-trap 'for pid in "${background[@]}"; do pkill -P "$pid" 2>/dev/null; kill "$pid" 2>/dev/null; done; true' EXIT
+trap 'for pgid in "${background[@]}"; do kill -- "-$pgid" 2>/dev/null; done; [ -z "$package" ] || rm -rf "$package"' EXIT
 bash scripts/install_deps.sh
 stage "build"
 bash scripts/build.sh
 source scripts/env.sh
 
-stage "C++ tests (doctest); the ASan+UBSan and TSan builds beside them, at the lowest priority"
-nice -n 19 bash scripts/sanitizers.sh --threaded --build-only asan tsan \
-  > build/sanitizer-build.out 2>&1 &
-sanitizer_build=$!
-background+=("$sanitizer_build")
+stage "C++ tests (doctest); the ASan+UBSan and TSan builds and the packaging install beside them, at the lowest priority"
+package=$(mktemp -d)
+setsid nice -n 19 bash -c "bash scripts/sanitizers.sh --threaded --build-only asan tsan \
+  && bash scripts/check_install.sh --install '$package'" > build/background-builds.out 2>&1 &
+builds=$!
+background+=("$builds")
 meson test -C build --print-errorlogs
 
 stage "Python tests (pytest)"
 "$BAGUA_PYTHON" -m pytest -q --timeout=900 --durations=15 tests/python "$@"
 
-stage "C++ threaded suites under ASan+UBSan and TSan; the packaging build beside them, at the lowest priority"
-if ! wait "$sanitizer_build"; then
-  cat build/sanitizer-build.out
-  echo "the sanitizer builds failed" >&2
+stage "C++ threaded suites under ASan+UBSan and TSan (waiting for their builds first)"
+if ! wait "$builds"; then
+  cat build/background-builds.out
+  echo "the sanitizer builds or the packaging install failed" >&2
   exit 1
 fi
-nice -n 19 bash scripts/check_install.sh > build/check-install.out 2>&1 &
-packaging=$!
-background+=("$packaging")
 bash scripts/sanitizers.sh --threaded --run-only asan tsan
 
-stage "packaging: pip install into a fresh venv, then a 2-rank run"
-packaging_status=0
-wait "$packaging" || packaging_status=$?
-cat build/check-install.out
-[ "$packaging_status" -eq 0 ] || exit 1
+stage "packaging: the package installed into a fresh venv, then a 2-rank run"
+bash scripts/check_install.sh --run "$package"
 stage "done"

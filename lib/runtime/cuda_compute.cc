@@ -68,10 +68,10 @@ void cuda_pairwise_reduce(ReduceOp op, const TensorView& out, const TensorView& 
       out.numel == a.numel && out.numel == b.numel && out.dtype == a.dtype && out.dtype == b.dtype,
       "cuda_pairwise_reduce: operands differ ({}, {}, {})", out.describe(), a.describe(),
       b.describe());
-  detail::check_launch(kernels::pairwise_reduce(out.data, a.data, b.data, out.numel,
-                                                static_cast<int>(out.dtype), static_cast<int>(op),
-                                                stream),
-                       "cuda_pairwise_reduce", out);
+  detail::check_launch(
+      kernels::pairwise_reduce(out.data, a.data, b.data, out.numel, static_cast<int>(out.dtype),
+                               static_cast<int>(op), stream),
+      "cuda_pairwise_reduce", out);
 }
 
 namespace {

@@ -32,7 +32,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 # Variables read when the interpreter or torch start: a worker that changes
 # one of them must start from scratch.
