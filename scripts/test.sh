@@ -13,8 +13,17 @@ cd "$(dirname "$0")/.."
 stage() { echo "== $1 (at ${SECONDS} s) =="; }  # the budget is 20 minutes on 2 cores
 background=()  # process groups of the background builds
 package=""     # where the packaging check installs
-# On a failure, the builds still running in the background stop too.
-trap 'for pgid in "${background[@]}"; do kill -- "-$pgid" 2>/dev/null; done; [ -z "$package" ] || rm -rf "$package"' EXIT
+# On a failure, the builds still running in the background stop too. The
+# cleanup keeps the script's exit status: under `set -e`, a kill of a group
+# that has already ended would otherwise turn a green run into exit 1.
+cleanup() {
+  local status=$?
+  set +e
+  for pgid in "${background[@]}"; do kill -- "-$pgid" 2>/dev/null; done
+  [ -z "$package" ] || rm -rf "$package"
+  exit "$status"
+}
+trap cleanup EXIT
 bash scripts/install_deps.sh
 stage "build"
 bash scripts/build.sh
