@@ -5,25 +5,30 @@ model of many small tensors and one of a few large ones.
 
 4 processes as 2 simulated nodes of 2 (LOCAL_WORLD_SIZE=2), so hierarchical
 mode has an intra-node and an inter-node level. All configurations run in the
-same processes, alternating rounds. PyTorch DDP runs alongside as a reference.
+same processes, interleaved step by step with a barrier before each step;
+PyTorch DDP runs alongside as a reference. Each step's time is the slowest
+rank's. The whole comparison is repeated `--repeats` times in fresh processes
+and the spread of each ratio over the repeats is printed.
 
-    /usr/bin/python3 bench/ablation.py [--steps 15 --rounds 3]
+    /usr/bin/python3 bench/ablation.py [--steps 40 --repeats 3]
 
 Prints a table, writes bench/results/ablation.json and docs/ablation.png.
 """
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import launch, machine, median_slowest, timed_steps  # noqa: E402
+from common import interleaved_steps, launch, machine, quantiles  # noqa: E402
 
 MODELS = {
     "many_small": dict(width=96, depth=40, input=96),   # 82 tensors of a few KB
     "few_large": dict(width=1024, depth=3, input=1024),  # 8 tensors, up to 4 MB
 }
+BASELINE = "all on (O+F+H)"
 CONFIGS = {
     "all on (O+F+H)": dict(overlap=True, do_flatten=True, hierarchical=True),
     "overlap off": dict(overlap=False, do_flatten=True, hierarchical=True),
@@ -64,33 +69,40 @@ def worker(args):
         runs["PyTorch DDP"] = (torch.nn.parallel.DistributedDataParallel(model),
                                torch.optim.SGD(model.parameters(), lr=0.01))
 
-        def time_steps(model, opt, steps):
-            return timed_steps(model, opt, data, steps)
+        interleaved_steps(runs, data, 3)  # warmup, with bagua's profiling iteration
+        samples = interleaved_steps(runs, data, args.steps)
+        results[model_name] = {name: quantiles(stages["total"]) for name, stages in samples.items()}
+        del runs
 
-        for model, opt in runs.values():
-            time_steps(model, opt, 3)
-        samples = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, (model, opt) in runs.items():
-                bagua.barrier()
-                samples[name] += time_steps(model, opt, args.steps)
-        results[model_name] = median_slowest(samples)
     if rank == 0:
         Path(args.out).write_text(json.dumps(results))
 
 
-def plot(results, path):
-    import matplotlib
+def summarize(repeats):
+    """Per-repeat medians -> {model: {configuration: {median ms, p90 ms,
+    ratio to all on (median over repeats), its range}}}."""
+    table = {}
+    for model, configs in repeats[0].items():
+        table[model] = {}
+        for name in configs:
+            ratios = [rep[model][name]["median"] / rep[model][BASELINE]["median"] for rep in repeats]
+            table[model][name] = {
+                "median_ms": statistics.median(rep[model][name]["median"] * 1e3 for rep in repeats),
+                "p90_ms": statistics.median(rep[model][name]["p90"] * 1e3 for rep in repeats),
+                "vs_all_on": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
+    return table
 
+
+def plot(table, path):
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(11, 3.8))
-    for ax, (model, times) in zip(axes, results.items()):
-        names = list(times)
-        values = [times[n] * 1e3 for n in names]
-        colors = ["#2b6cb0" if n.startswith("all on") else "#999999" if "DDP" in n else "#e07b39"
-                  for n in names]
+    fig, axes = plt.subplots(1, len(table), figsize=(11, 3.8))
+    for ax, (model, rows) in zip(axes, table.items()):
+        names = list(rows)
+        values = [rows[n]["median_ms"] for n in names]
+        colors = ["#2b6cb0" if n == BASELINE else "#999999" if "DDP" in n else "#e07b39" for n in names]
         ax.barh(names[::-1], values[::-1], color=colors[::-1])
         ax.set_title(model.replace("_", " "))
         ax.set_xlabel("step time, ms (lower is better)")
@@ -103,8 +115,8 @@ def plot(results, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per configuration")
+    parser.add_argument("--repeats", type=int, default=3, help="whole comparisons, fresh processes each")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "ablation.json"))
     parser.add_argument("--plot", default=str(Path(__file__).parent.parent / "docs" / "ablation.png"))
@@ -114,17 +126,23 @@ def main():
 
     import tempfile
 
+    from tqdm import tqdm
+
+    repeats = []
     with tempfile.TemporaryDirectory() as tmp:
-        results = launch(__file__, 4, Path(tmp) / "ablation.json",
-                         ["--steps", str(args.steps), "--rounds", str(args.rounds)], local_size=2)
-    print(f"{'model':12} {'configuration':>20} {'step ms':>9} {'vs all on':>10}")
-    for model, times in results.items():
-        base = times["all on (O+F+H)"]
-        for name, seconds in times.items():
-            print(f"{model:12} {name:>20} {seconds * 1e3:9.2f} {seconds / base:10.3f}")
+        for _ in tqdm(range(args.repeats), desc="repeats"):
+            repeats.append(launch(__file__, 4, Path(tmp) / "ablation.json", ["--steps", str(args.steps)],
+                                  local_size=2))
+    table = summarize(repeats)
+    print(f"{'model':12} {'configuration':>20} {'median ms':>9} {'p90 ms':>8} {'vs all on':>10} {'range':>13}")
+    for model, rows in table.items():
+        for name, r in rows.items():
+            print(f"{model:12} {name:>20} {r['median_ms']:9.2f} {r['p90_ms']:8.2f} {r['vs_all_on']:10.3f} "
+                  f"{r['range'][0]:6.3f}-{r['range'][1]:.3f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": machine(), "step_seconds": results}, indent=2))
-    plot(results, args.plot)
+    Path(args.out).write_text(json.dumps({"machine": machine(), "config": {"steps": args.steps},
+                                          "repeats": repeats, "table": table}, indent=2))
+    plot(table, args.plot)
     print(f"wrote {args.out} and {args.plot}")
 
 

@@ -2,10 +2,13 @@
 
 Each of 4 processes trains the same model twice in one run: once with
 autotuning (BAGUA_AUTOTUNE trials of bucket sizes, then frozen), once with
-the default bucket size. Then both are timed in alternating rounds, and the
-step time of the tuned plan is compared with the default's.
+the default bucket size. Then both are timed interleaved step by step (a
+barrier before each step, each step's time the slowest rank's), and the step
+time of the tuned plan is compared with the default's. The whole run (tuning
+included) is repeated `--repeats` times in fresh processes; the spread of the
+ratio over the repeats is printed.
 
-    /usr/bin/python3 bench/autotune.py [--trials 8]
+    /usr/bin/python3 bench/autotune.py [--trials 8 --repeats 3]
 
 Writes bench/results/autotune.json (with every trial) .
 """
@@ -13,12 +16,13 @@ Writes bench/results/autotune.json (with every trial) .
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import launch, machine, median_slowest  # noqa: E402
+from common import interleaved_steps, launch, machine, quantiles  # noqa: E402
 
 
 def worker(args):
@@ -60,18 +64,10 @@ def worker(args):
     default = build()
     default_opt = torch.optim.SGD(default.parameters(), lr=0.01)
     default = default.with_bagua([default_opt], GradientAllReduceAlgorithm())
-    for k in range(5):
-        step(default, default_opt, k)
-        step(tuned, tuned_opt, k)
-    samples = {"tuned": [], "default": []}
-    for _ in range(args.rounds):
-        for name, (model, opt) in (("default", (default, default_opt)), ("tuned", (tuned, tuned_opt))):
-            bagua.barrier()
-            for k in range(args.steps):
-                t0 = time.perf_counter()
-                step(model, opt, k)
-                samples[name].append(time.perf_counter() - t0)
-    summary = median_slowest(samples)
+    runs = {"default": (default, default_opt), "tuned": (tuned, tuned_opt)}
+    interleaved_steps(runs, data, 5)
+    samples = interleaved_steps(runs, data, args.steps)
+    summary = {name: quantiles(stages["total"]) for name, stages in samples.items()}
     tuner = tuned.bagua_ddp.autotuner
     if rank == 0:
         Path(args.out).write_text(json.dumps({
@@ -85,8 +81,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per plan")
+    parser.add_argument("--repeats", type=int, default=3, help="whole runs, tuning included, fresh processes each")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "autotune.json"))
     args = parser.parse_args()
@@ -95,23 +91,33 @@ def main():
 
     import tempfile
 
+    from tqdm import tqdm
+
     os.environ.update({"BAGUA_AUTOTUNE_WARMUP_STEPS": "5", "BAGUA_AUTOTUNE_WINDOW_STEPS": "8",
                        "BAGUA_AUTOTUNE_MAX_TRIALS": str(args.trials)})
+    repeats = []
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["BAGUA_AUTOTUNE_OUTPUT"] = str(Path(tmp) / "plan.json")
-        result = launch(__file__, args.world_size, Path(tmp) / "autotune.json",
-                        ["--steps", str(args.steps), "--rounds", str(args.rounds)])
-    print("trials (bucket bytes -> steps/s):")
-    for trial in result["trials"]:
-        print(f"  {trial['bucket_bytes']:>10} bytes, {trial['buckets']:>3} buckets: "
-              f"{trial['steps_per_second']:.2f} steps/s")
-    s = result["step_seconds"]
-    print(f"default plan ({result['default_bucket_bytes']} bytes, {result['default_buckets']} buckets): "
-          f"{s['default'] * 1e3:.2f} ms/step")
-    print(f"tuned plan ({result['best']['bucket_bytes']} bytes, {result['tuned_buckets']} buckets): "
-          f"{s['tuned'] * 1e3:.2f} ms/step; default / tuned = {s['default'] / s['tuned']:.3f}")
+        for _ in tqdm(range(args.repeats), desc="repeats"):
+            repeats.append(launch(__file__, args.world_size, Path(tmp) / "autotune.json",
+                                  ["--steps", str(args.steps)]))
+    for n, result in enumerate(repeats):
+        print(f"repeat {n}: {result['tuning_steps']} tuning steps; trials (bucket bytes -> steps/s):")
+        for trial in result["trials"]:
+            print(f"  {trial['bucket_bytes']:>10} bytes, {trial['buckets']:>3} buckets: "
+                  f"{trial['steps_per_second']:.2f} steps/s")
+        s = result["step_seconds"]
+        print(f"  default plan ({result['default_bucket_bytes']} bytes, {result['default_buckets']} buckets): "
+              f"{s['default']['median'] * 1e3:.2f} ms/step (p90 {s['default']['p90'] * 1e3:.2f})")
+        print(f"  tuned plan ({result['best']['bucket_bytes']} bytes, {result['tuned_buckets']} buckets): "
+              f"{s['tuned']['median'] * 1e3:.2f} ms/step (p90 {s['tuned']['p90'] * 1e3:.2f}); "
+              f"default / tuned = {s['default']['median'] / s['tuned']['median']:.3f}")
+    ratios = [r["step_seconds"]["default"]["median"] / r["step_seconds"]["tuned"]["median"] for r in repeats]
+    print(f"default / tuned over {len(ratios)} repeats: median {statistics.median(ratios):.3f}, "
+          f"range {min(ratios):.3f}-{max(ratios):.3f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": machine(), **result}, indent=2))
+    Path(args.out).write_text(json.dumps({"machine": machine(), "repeats": repeats,
+                                          "default_over_tuned": ratios}, indent=2))
     print(f"wrote {args.out}")
 
 

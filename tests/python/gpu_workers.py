@@ -1,5 +1,5 @@
 """Worker scenario of test_gpu.py, run on several processes sharing one GPU
-by launcher.run_workers. Usage: gpu_workers.py bucket_ops|partial_allreduce OUT_DIR [cpu];
+by launcher.run_workers. Usage: gpu_workers.py SCENARIO OUT_DIR [cpu];
 each rank saves its results to OUT_DIR/rank{RANK}.pt."""
 
 import os
@@ -107,8 +107,54 @@ def scenario_bluefog_windows(out_dir, devices="cpu,cuda"):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_bluefog_ops(out_dir, devices="cpu,cuda"):
+    """BlueFog's neighbour ops and collectives on host tensors, then on CUDA
+    tensors (staged through host memory on Gloo), the same calls in the same
+    order: neighbor_allreduce on the static exponential graph, with the
+    dynamic one-peer weights and fused nonblocking, neighbor_allgather,
+    pair_gossip (ring pairs), allreduce, broadcast, allgather and the
+    in-place allreduce_. Every output must be on the input's device. Saves
+    {device: {call: host copy}}."""
+    import bagua.bluefog as bf
+    from bagua.bluefog import topology_util
+
+    bf.init()
+    rank, size = bf.rank(), bf.size()
+    results = {}
+    for device in devices.split(","):
+        x = torch.arange(1000, dtype=torch.float64, device=device) * 0.001 + rank
+        y = (torch.arange(600, dtype=torch.float32, device=device).reshape(200, 3) + 10 * rank)
+        out = {}
+        out["static"] = bf.neighbor_allreduce(x)
+        send, recv = next(topology_util.GetDynamicOnePeerSendRecvRanks(bf.load_topology(), rank))
+        out["dynamic"] = bf.neighbor_allreduce(x, self_weight=0.5, src_weights={r: 0.5 / max(len(recv), 1)
+                                                                              for r in recv},
+                                               dst_weights=send)
+        handles = [bf.neighbor_allreduce_nonblocking(x * (k + 1), name=f"fused{k}") for k in range(3)]
+        for k, h in enumerate(handles):
+            out[f"fused{k}"] = bf.synchronize(h)
+        out["allgather_neighbors"] = bf.neighbor_allgather(y)
+        partner = rank ^ 1
+        if partner < size:
+            out["pair_gossip"] = bf.pair_gossip(x, partner)
+        else:  # the odd rank out takes part in the pattern check, with nobody
+            out["pair_gossip"] = bf.neighbor_allreduce(x, self_weight=1.0, src_weights={}, dst_weights=[])
+        out["allreduce"] = bf.allreduce(y)
+        out["broadcast"] = bf.broadcast(x, 0)
+        out["allgather"] = bf.allgather(y)
+        z = y.clone()
+        bf.allreduce_(z, average=False)
+        out["allreduce_"] = z
+        for call, tensor in out.items():
+            assert tensor.device == x.device, (call, tensor.device, x.device)
+        results[device] = {call: tensor.cpu().clone() for call, tensor in out.items()}
+        bf.barrier()
+    results["pattern"] = {"in_neighbors": bf.in_neighbor_ranks(), "send": send, "recv": recv}
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 SCENARIOS = {"bucket_ops": scenario_bucket_ops, "partial_allreduce": scenario_partial_allreduce,
-             "bluefog_windows": scenario_bluefog_windows}
+             "bluefog_windows": scenario_bluefog_windows, "bluefog_ops": scenario_bluefog_ops}
 
 if __name__ == "__main__":
     scenario, out_dir, *args = sys.argv[1:]

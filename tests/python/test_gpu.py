@@ -281,6 +281,46 @@ def test_bluefog_windows_on_cuda_tensors_equal_host_windows(tmp_path, world_size
 
 
 @gpu
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bluefog_ops_on_cuda_tensors_equal_host_tensors(tmp_path, world_size):
+    """BlueFog's neighbour ops and collectives on CUDA tensors (host-staged
+    Gloo, processes sharing the GPU) give the bits of the same calls on host
+    tensors, on every rank."""
+    results = run_workers("bluefog_ops", world_size, tmp_path, script=GPU_WORKERS, timeout=300)
+    for rank, per_device in enumerate(results):
+        assert per_device["cpu"].keys() == per_device["cuda"].keys()
+        for call, host in per_device["cpu"].items():
+            assert torch.equal(host, per_device["cuda"][call]), (rank, call)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bluefog_ops_scenario_runs_on_the_cpu(tmp_path, world_size):
+    """The GPU test's scenario on host tensors against BlueFog's closed forms:
+    x_r = 0.001 i + r, y_r = j + 10 r; the exponential graph links every pair
+    at 2 and 3 ranks, so the static average is the mean over ranks."""
+    results = run_workers("bluefog_ops", world_size, tmp_path, script=GPU_WORKERS, args=("cpu",))
+    n = world_size
+    base_x = torch.arange(1000, dtype=torch.float64) * 0.001
+    base_y = torch.arange(600, dtype=torch.float32).reshape(200, 3)
+    mean_rank = (n - 1) / 2
+    for rank, r in enumerate(results):
+        out, pattern = r["cpu"], r["pattern"]
+        assert torch.allclose(out["static"], base_x + mean_rank)
+        assert pattern["send"] == [(rank + 1) % n] and pattern["recv"] == [(rank - 1) % n]
+        assert torch.allclose(out["dynamic"], base_x + 0.5 * rank + 0.5 * ((rank - 1) % n))
+        for k in range(3):
+            assert torch.allclose(out[f"fused{k}"], (k + 1) * (base_x + mean_rank))
+        assert torch.equal(out["allgather_neighbors"],
+                           torch.cat([base_y + 10 * j for j in pattern["in_neighbors"]]))
+        partner = rank ^ 1 if rank ^ 1 < n else rank  # the odd rank out keeps its x
+        assert torch.allclose(out["pair_gossip"], base_x + (partner + rank) / 2)
+        assert torch.allclose(out["allreduce"], base_y + 10 * mean_rank)
+        assert torch.equal(out["broadcast"], base_x)
+        assert torch.equal(out["allgather"], torch.cat([base_y + 10 * j for j in range(n)]))
+        assert torch.allclose(out["allreduce_"], n * base_y + 10 * n * mean_rank)
+
+
+@gpu
 def test_event_pool_and_scratch_pool_are_reused_across_iterations():
     """After the first iteration no new events are created (the pool
     recycles them)."""
