@@ -19,8 +19,9 @@ ranks disagree on (different sizes, say) runs alone and fails on its own
 handle, as it would unfused. A deterministic rule would have to know when the
 program stops issuing calls, which no rank knows; the agreement costs one
 small alltoall per neighbour op of nonblocking calls (none with fusion off,
-none on one rank). With one or two calls per step that costs more than the
-ops it saves (docs/bluefog.md has the figures): set the threshold to 0 there.
+none on one rank). On one host it goes through shared memory and fusion
+pays even with two calls per step; across hosts, measure (docs/bluefog.md
+has the figures).
 
 Blocking calls follow a deterministic rule instead: the caller waits for
 the result before issuing anything else, so there is nothing to fuse them
