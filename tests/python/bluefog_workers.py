@@ -595,5 +595,23 @@ def scenario_unchecked_mismatch(_):
     os._exit(0)  # this rank's neighbour communicator is out of step now: skip the exit handlers
 
 
+def scenario_unchecked_mismatch_then_rebuild(_):
+    """The mismatch above; then a matched call, which fails on every rank
+    (rank 0's connections were closed by its timeout); then bf.shutdown()
+    and bf.init() on every rank, after which matched calls work again."""
+    bf.init()
+    n, r = bf.size(), bf.rank()
+    x = _x()
+    src = {(r - 1) % n: 0.5} if r != 0 else {n - 1: 0.25, 2: 0.25}
+    ring = dict(self_weight=0.5, src_weights={(r - 1) % n: 0.5}, dst_weights=[(r + 1) % n])
+    mismatch = _error(bf.neighbor_allreduce, x, self_weight=0.5, src_weights=src,
+                      dst_weights=[(r + 1) % n], enable_topo_check=False)
+    errors = [_error(bf.neighbor_allreduce, x, **ring) for _ in range(2)]
+    bf.shutdown()
+    bf.init()
+    rebuilt = [bf.neighbor_allreduce(x, **ring, enable_topo_check=check) for check in (True, False)]
+    _save({"mismatch": mismatch, "errors": errors, "rebuilt": rebuilt})
+
+
 if __name__ == "__main__":
     globals()[f"scenario_{sys.argv[1]}"](sys.argv[2], *sys.argv[3:])

@@ -352,6 +352,26 @@ def test_unchecked_mismatch_times_out_instead_of_hanging(tmp_path):
     assert all(got["error"] is None for got in results[1:])
 
 
+def test_a_failed_communicator_fails_later_calls_clearly_until_rebuilt(tmp_path):
+    """After the unchecked mismatch, the next matched call fails on every
+    rank (Gloo closed rank 0's connections on its timeout), rank 0's at once
+    naming the first failure and the remedy; bf.shutdown() and bf.init() on
+    every rank then give working communicators."""
+    results = run("unchecked_mismatch_then_rebuild", 4, tmp_path, timeout=120,
+                  extra_env={"BAGUA_COMM_TIMEOUT_S": "2"})
+    assert "Timeout" in results[0]["mismatch"][0]
+    assert all(got["mismatch"] is None for got in results[1:])
+    for r, got in enumerate(results):
+        assert all(error is not None for error in got["errors"]), (r, got["errors"])
+        # Once a rank has seen a communication error, its next call is
+        # refused before any communication, naming the way out.
+        name, _, message = got["errors"][-1]
+        assert name == "BackendError" and "bf.shutdown() then bf.init()" in message, (r, message)
+        assert f"rank {r}" in message
+        for out in got["rebuilt"]:  # x_r = r: half its own, half its ring predecessor's
+            assert torch.equal(out, torch.full((3, 2), 0.5 * r + 0.5 * ((r - 1) % 4), dtype=torch.float64))
+
+
 def test_argument_errors_before_any_communication():
     import bagua.bluefog as bf
     if not bf.is_initialized():

@@ -33,6 +33,14 @@ than a neighbour exchange). So with fusion on, a call must have the same form
 before proposing what it has; it stops waiting as soon as the run is closed
 (a call of another pattern or kind is queued, or the threshold is reached)
 or a caller waits for a result (``waiting``).
+
+**A failed communicator stays failed.** Gloo closes a context's connections
+when one of its waits times out, and a peer's closed connection ends the
+other ranks' next calls. So after a call fails with a communication error
+(``CommTimeoutError``, ``BackendError``) every later call on this worker
+fails at once with a ``BackendError`` that names the first failure and the
+way out: ``bf.shutdown()`` then ``bf.init()`` on every rank, which builds new
+communicators.
 """
 
 import atexit
@@ -47,7 +55,7 @@ from typing import Callable, List, Optional
 import torch
 
 from bagua.bluefog import _timeline
-from bagua.torch_api._core import core, tensor_view
+from bagua.torch_api._core import BackendError, CommTimeoutError, core, tensor_view
 
 # At most this many calls in one fused op: the agreement's vector holds a
 # digest of each, so its length is fixed on every rank.
@@ -106,6 +114,7 @@ class Worker:
         self._waiting = 0  # callers blocked in synchronize: no point waiting for more calls
         self._stats = dict(calls=0, ops=0, fused_ops=0, fused_calls=0, largest_fused_bytes=0,
                            agreements=0)
+        self.failure: Optional[str] = None  # the first communication error, once one happened
         self._thread = threading.Thread(target=self._loop, name="bagua-bluefog", daemon=True)
         self._thread.start()
         # Like a ThreadPoolExecutor's: what is queued at exit still runs.
@@ -170,11 +179,28 @@ class Worker:
                 head = self._queue[0]
             if head is _STOP:
                 return
-            if isinstance(head, NeighborCall):
+            if self.failure is not None:
+                self._pop(1)[0].future.set_exception(self._failed())
+            elif isinstance(head, NeighborCall):
                 self._run_neighbor_calls()
             else:
                 self._pop(1)
-                _settle([head], lambda: [head.fn()])
+                self._settle([head], lambda: [head.fn()])
+
+    def _failed(self) -> BackendError:
+        return BackendError(
+            f"bluefog: rank {self.comm.rank}: an earlier call failed with a communication "
+            f"error ({self.failure}); after one, BlueFog's communicator cannot be used again "
+            "(Gloo closes its connections on a timeout, and the ranks' sequences of messages "
+            "are out of step). Call bf.shutdown() then bf.init() on every rank to build new "
+            "communicators.")
+
+    def _settle(self, items: list, compute: Callable[[], list]) -> None:
+        """_settle, remembering a communication error: the communicator is
+        unusable after one (see the module's docstring)."""
+        error = _settle(items, compute)
+        if isinstance(error, (CommTimeoutError, BackendError)) and self.failure is None:
+            self.failure = f"{type(error).__name__}: {error}"
 
     def _pop(self, count: int) -> list:
         with self._cond:
@@ -189,15 +215,14 @@ class Worker:
             try:
                 count = self._agree(self._collect())
             except Exception as error:  # noqa: BLE001 - the agreement failed: the head call fails
-                calls = self._pop(1)
-                calls[0].future.set_exception(error)
+                self._settle(self._pop(1), lambda failure=error: _raise(failure))
                 return
             calls = self._pop(count)
         self._count(calls)
         if len(calls) == 1:
-            _settle(calls, lambda: [self._run_alone(calls[0])])
+            self._settle(calls, lambda: [self._run_alone(calls[0])])
         else:
-            _settle(calls, lambda: self._run_fused(calls))
+            self._settle(calls, lambda: self._run_fused(calls))
 
     def _collect(self) -> List[NeighborCall]:
         """The pending calls this rank could fuse with the head, once the run
@@ -283,9 +308,14 @@ class Worker:
         return [c.finish(p.view(c.x.shape).clone()) for c, p in zip(calls, pieces)]
 
 
-def _settle(items: list, compute: Callable[[], list]) -> None:
+def _raise(error: BaseException):
+    raise error
+
+
+def _settle(items: list, compute: Callable[[], list]) -> Optional[BaseException]:
     """Completes the items' futures with ``compute()``'s results, or all with
-    its error (a fused op fails as a whole: every call in it would have)."""
+    its error (a fused op fails as a whole: every call in it would have),
+    which it returns."""
     for item in items:
         item.future.set_running_or_notify_cancel()
     try:
@@ -293,6 +323,7 @@ def _settle(items: list, compute: Callable[[], list]) -> None:
     except BaseException as error:  # noqa: BLE001 - raised at each handle's synchronize
         for item in items:
             item.future.set_exception(error)
-        return
+        return error
     for item, result in zip(items, results):
         item.future.set_result(result)
+    return None
