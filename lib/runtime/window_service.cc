@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <map>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -312,37 +313,70 @@ bool WindowService::exists(const std::string& name) const {
 
 // -- client side ------------------------------------------------------------
 
+// "rank 3" or "ranks 1, 2" (of a call to several peers, where the failing
+// one is not known).
+std::string peers_text(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "one of ranks", fmt::join(ranks, ", "));
+}
+
+std::vector<WindowService::Reply> WindowService::call_all(std::span<const Exchange> exchanges,
+                                                          const std::string& op,
+                                                          const std::string& name) {
+  std::vector<Request> headers;
+  std::vector<int> peers;
+  for (const auto& e : exchanges) {
+    headers.push_back(*e.request);
+    peers.push_back(e.peer);
+  }
+  std::vector<Reply> answers(exchanges.size());
+  try {
+    // Every receive of the replies (headers and data) is posted before the
+    // requests leave: a peer's server that answers this rank must never
+    // wait for it, since this rank may be waiting for another peer whose
+    // server waits in turn (gets among every pair of ranks at once would
+    // otherwise deadlock). Each wait still has the whole timeout.
+    std::vector<PeerMessage> sends;
+    std::vector<PeerMessage> receives;
+    for (std::size_t k = 0; k < exchanges.size(); ++k) {
+      const auto& e = exchanges[k];
+      sends.push_back(
+          {int64_view(reinterpret_cast<std::int64_t*>(&headers[k]), 8), e.peer, kRequestTag});
+      auto data = chunks({const_cast<std::byte*>(e.send_data.data()), e.send_data.size()},
+                         options_.chunk_bytes, e.peer, kRequestData);
+      sends.insert(sends.end(), data.begin(), data.end());
+      receives.push_back(
+          {int64_view(reinterpret_cast<std::int64_t*>(&answers[k]), 4), e.peer, kReplyTag});
+      auto reply_data = chunks(e.recv_data, options_.chunk_bytes, e.peer, kReplyData);
+      receives.insert(receives.end(), reply_data.begin(), reply_data.end());
+    }
+    channel_->send_recv(sends, receives);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format("{}: no answer from {} within the timeout ({} ms): {}",
+                                   where(op, name), peers_text(peers), channel_->timeout().count(),
+                                   e.what()));
+  } catch (const BackendError& e) {
+    throw BackendError(fmt::format("{}: lost {} (failed or exited): {}", where(op, name),
+                                   peers_text(peers), e.what()));
+  }
+  for (std::size_t k = 0; k < exchanges.size(); ++k) {
+    check_answer(answers[k], *exchanges[k].request, exchanges[k].peer, op, name);
+  }
+  return answers;
+}
+
 WindowService::Reply WindowService::call(const Request& request, int peer,
                                          std::span<const std::byte> send_data,
                                          std::span<std::byte> recv_data, const std::string& op,
                                          const std::string& name) {
-  Request header = request;
-  Reply answer;
-  auto* header_words = reinterpret_cast<std::int64_t*>(&header);
-  auto* answer_words = reinterpret_cast<std::int64_t*>(&answer);
-  try {
-    // The reply's receive is posted before the request leaves.
-    std::vector<PeerMessage> sends{{int64_view(header_words, 8), peer, kRequestTag}};
-    auto data = chunks({const_cast<std::byte*>(send_data.data()), send_data.size()},
-                       options_.chunk_bytes, peer, kRequestData);
-    sends.insert(sends.end(), data.begin(), data.end());
-    const PeerMessage receives[] = {{int64_view(answer_words, 4), peer, kReplyTag}};
-    channel_->send_recv(sends, receives);
-    if (answer.status == kOk && !recv_data.empty()) {
-      // One chunk at a time: each wait has the whole timeout.
-      for (const auto& chunk : chunks(recv_data, options_.chunk_bytes, peer, kReplyData)) {
-        channel_->send_recv({}, std::span<const PeerMessage>(&chunk, 1));
-      }
-    }
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(fmt::format("{}: no answer from rank {} within the timeout ({} ms): {}",
-                                   where(op, name), peer, channel_->timeout().count(), e.what()));
-  } catch (const BackendError& e) {
-    throw BackendError(
-        fmt::format("{}: lost rank {} (failed or exited): {}", where(op, name), peer, e.what()));
-  }
+  const Exchange one{
+      .peer = peer, .request = &request, .send_data = send_data, .recv_data = recv_data};
+  return call_all(std::span<const Exchange>(&one, 1), op, name).front();
+}
+
+void WindowService::check_answer(const Reply& answer, const Request& request, int peer,
+                                 const std::string& op, const std::string& name) const {
   switch (answer.status) {
-    case kOk: return answer;
+    case kOk: return;
     case kNoWindow:
       throw InvalidArgument(fmt::format("{}: rank {} has no such window (created on every rank?)",
                                         where(op, name), peer));
@@ -391,20 +425,30 @@ void WindowService::put(const std::string& name, const TensorView& data,
   if (require_mutex) {
     for (int r : ranks) lock_one(name, id, r);
   }
-  std::vector<std::byte> scaled(data.nbytes());
   try {
+    // The weight is applied here, so the targets copy or add bytes: one
+    // scaled copy per distinct weight, then every destination at once.
+    std::map<double, std::vector<std::byte>> scaled;
+    std::vector<Request> requests;
+    requests.reserve(destinations.size());
+    std::vector<Exchange> exchanges;
     for (const auto& d : destinations) {
-      // The weight is applied here, so the target copies or adds bytes.
-      scale_into(scaled.data(), data.bytes(), data.numel, data.dtype, d.weight, false);
-      Request request{.op = accumulate ? kAccumulate : kPut,
-                      .id = static_cast<std::int64_t>(id),
-                      .source = rank_,
-                      .weight = as_bits(d.weight),
-                      .p = as_bits(d.weight * p),
-                      .nbytes = static_cast<std::int64_t>(scaled.size()),
-                      .with_p = with_p ? 1 : 0};
-      call(request, d.rank, scaled, {}, op, name);
+      auto [copy, fresh] = scaled.try_emplace(d.weight, data.nbytes());
+      if (fresh)
+        scale_into(copy->second.data(), data.bytes(), data.numel, data.dtype, d.weight, false);
+      requests.push_back({.op = accumulate ? kAccumulate : kPut,
+                          .id = static_cast<std::int64_t>(id),
+                          .source = rank_,
+                          .weight = as_bits(d.weight),
+                          .p = as_bits(d.weight * p),
+                          .nbytes = static_cast<std::int64_t>(data.nbytes()),
+                          .with_p = with_p ? 1 : 0});
+      exchanges.push_back({.peer = d.rank,
+                           .request = &requests.back(),
+                           .send_data = copy->second,
+                           .recv_data = {}});
     }
+    call_all(exchanges, op, name);
   } catch (...) {
     if (require_mutex) {
       try {
@@ -452,19 +496,28 @@ void WindowService::get(const std::string& name, std::span<const WindowPeer> sou
   if (require_mutex) {
     for (int r : ranks) lock_one(name, id, r);
   }
-  std::vector<std::byte> received(nbytes);
   try {
-    for (const auto& s : sources) {
-      Request request{.op = kGet,
-                      .id = static_cast<std::int64_t>(id),
-                      .source = rank_,
-                      .nbytes = static_cast<std::int64_t>(nbytes)};
-      const Reply answer = call(request, s.rank, {}, received, op, name);
-      const auto [w, lock] = lock_window(id);
-      BAGUA_CHECK_INTERNAL(w != nullptr, "{}: the window vanished", where(op, name));
-      scale_into(w->buffers.at(s.rank).data(), received.data(), w->tensor.numel, w->tensor.dtype,
+    // Every source at once, each into a buffer of its own.
+    const Request request{.op = kGet,
+                          .id = static_cast<std::int64_t>(id),
+                          .source = rank_,
+                          .nbytes = static_cast<std::int64_t>(nbytes)};
+    std::vector<std::vector<std::byte>> received(sources.size(), std::vector<std::byte>(nbytes));
+    std::vector<Exchange> exchanges;
+    for (std::size_t k = 0; k < sources.size(); ++k) {
+      exchanges.push_back({.peer = sources[k].rank,
+                           .request = &request,
+                           .send_data = {},
+                           .recv_data = received[k]});
+    }
+    const std::vector<Reply> answers = call_all(exchanges, op, name);
+    const auto [w, lock] = lock_window(id);
+    BAGUA_CHECK_INTERNAL(w != nullptr, "{}: the window vanished", where(op, name));
+    for (std::size_t k = 0; k < sources.size(); ++k) {
+      const auto& s = sources[k];
+      scale_into(w->buffers.at(s.rank).data(), received[k].data(), w->tensor.numel, w->tensor.dtype,
                  s.weight, false);
-      if (with_p) w->buffer_p[s.rank] = s.weight * as_double(answer.p);
+      if (with_p) w->buffer_p[s.rank] = s.weight * as_double(answers[k].p);
       ++w->versions[s.rank];
     }
   } catch (...) {
@@ -733,6 +786,9 @@ void WindowService::serve_one(const Request& request, int sender) {
           answer.nbytes = request.nbytes;
         }
       }
+      // The client posted receives for the bytes it asked for: an error
+      // answer fills them too (with zeros it ignores), so none waits.
+      if (answer.status != kOk) data.assign(static_cast<std::size_t>(request.nbytes), std::byte{0});
       reply(sender, answer, data);
       return;
     }

@@ -172,6 +172,31 @@ def scenario_passive(_, numel):
     _save(out)
 
 
+def scenario_everyone_at_once(_, numel, rounds):
+    """Every rank, at the same time, puts to, accumulates into and gets from
+    every other rank (a call reaches all its peers at once), for several
+    rounds; large tensors (several chunks) and distinct weights per peer."""
+    bf.init()
+    bf.set_topology(topology_util.FullyConnectedGraph(bf.size()))
+    r, n = bf.rank(), bf.size()
+    x = torch.arange(int(numel), dtype=torch.float64) + 1000.0 * r
+    bf.win_create(x, "all")
+    others = [j for j in range(n) if j != r]
+    out = {"put": {}, "get": {}}
+    for k in range(int(rounds)):
+        bf.win_put(x, "all", dst_weights={j: 1.0 + j + k for j in others})
+        bf.barrier()
+        out["put"][k] = _buffers("all")  # what each peer put here, weighted by this rank
+        bf.barrier()
+        bf.win_accumulate(x, "all", dst_weights={j: 0.5 for j in others})
+        bf.barrier()  # every accumulate has landed before the gets overwrite the buffers
+        bf.win_get("all", src_weights={j: 2.0 for j in others})
+        out["get"][k] = _buffers("all")
+        bf.barrier()
+    bf.win_free()
+    _save(out)
+
+
 def scenario_mutex(_):
     """Rank 0 holds its own mutex for 1.2 s after a barrier; the others ask
     for it right after the barrier."""

@@ -139,6 +139,24 @@ def test_window_calls_match_the_table(topology, n, tmp_path):
         assert got["recreate"] is True
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_every_rank_calling_every_other_at_once(n, tmp_path):
+    """A call reaches all its peers at once; with every rank doing so to every
+    other, nothing waits on a rank that waits in turn (gets among all pairs
+    once deadlocked), and every buffer holds its closed form."""
+    numel = 300_000  # 2.4 MB of float64: 3 chunks of the service's 1 MiB
+    results = run("everyone_at_once", n, tmp_path, str(numel), "3",
+                  extra_env={"BAGUA_COMM_TIMEOUT_S": "20"})
+    base = torch.arange(numel, dtype=torch.float64)
+    for r, got in enumerate(results):
+        for k in range(3):
+            for j in range(n):
+                if j == r:
+                    continue
+                assert torch.equal(got["put"][k][j], (1.0 + r + k) * (base + 1000.0 * j)), (r, k, j)
+                assert torch.equal(got["get"][k][j], 2.0 * (base + 1000.0 * j)), (r, k, j)
+
+
 @pytest.mark.parametrize("n", [3])
 def test_passive_target_and_large_tensors(n, tmp_path):
     numel = 1 << 20  # 8 MB of float64: 8 chunks of the service's 1 MiB

@@ -137,9 +137,21 @@ class WindowService {
   struct Request;
   struct Reply;
 
-  // Client side (under client_mutex_).
+  // Client side (under client_mutex_). One request to each of several
+  // peers, sent at once: the peers serve them in parallel, and the call
+  // returns when every one has answered (answers in the requests' order).
+  struct Exchange {
+    int peer = -1;
+    const Request* request = nullptr;
+    std::span<const std::byte> send_data;  // after the header, in chunks
+    std::span<std::byte> recv_data;        // the reply's data (GET)
+  };
+  std::vector<Reply> call_all(std::span<const Exchange> exchanges, const std::string& op,
+                              const std::string& name);
   Reply call(const Request& request, int peer, std::span<const std::byte> send_data,
              std::span<std::byte> recv_data, const std::string& op, const std::string& name);
+  void check_answer(const Reply& answer, const Request& request, int peer, const std::string& op,
+                    const std::string& name) const;
   void lock_one(const std::string& name, std::uint64_t id, int owner);
   void unlock_one(const std::string& name, std::uint64_t id, int owner);
   void lock_local(const std::string& name, std::uint64_t id);
