@@ -1,5 +1,6 @@
 // The window service with ranks as threads: put / accumulate / get / update
-// against closed forms on a ring, data split into many odd chunks, passive
+// against closed forms on a ring, data split into many odd chunks, every
+// rank calling every other at once, passive
 // target (the target sleeps while the others complete), the distributed
 // mutex's exclusion, and errors that name rank, op and window.
 #include <doctest/doctest.h>
@@ -85,6 +86,47 @@ TEST_CASE("window service: put, accumulate, get and update on a ring, in odd chu
       CHECK(service.free("w"));
       CHECK(service.names().empty());
       CHECK(service.free(""));  // nothing left: still True
+    });
+  }
+}
+
+TEST_CASE("window service: every rank puts to and gets from every other at once") {
+  // A call reaches all its peers at once; with every rank doing that to
+  // every other at the same time, no progress thread may wait for a rank
+  // that waits in turn. Odd chunks, a weight per destination.
+  for (int world : {3, 4, 5}) {
+    CAPTURE(world);
+    testing::run_ranks(world, [&](Communicator& comm) {
+      const int r = comm.rank();
+      WindowService service(comm, {.chunk_bytes = 24});
+      std::vector<int> others;
+      for (int j = 0; j < world; ++j) {
+        if (j != r) others.push_back(j);
+      }
+      std::vector<double> x(10, r + 1.0);
+      REQUIRE(service.create("all", view(x), others, /*zero_init=*/true));
+      comm.barrier();
+      for (int round = 0; round < 3; ++round) {
+        CAPTURE(round);
+        std::vector<WindowPeer> to, from;
+        for (int j : others) {
+          to.push_back({j, 1.0 + j + round});
+          from.push_back({j, 0.5});
+        }
+        service.put("all", view(x), to, 1.0, false, false, false);
+        comm.barrier();
+        for (int j : others) {  // j put (1 + r + round) x_j here
+          CHECK(as_doubles(service.buffer("all", j)) ==
+                std::vector<double>(10, (1.0 + r + round) * (j + 1.0)));
+        }
+        comm.barrier();
+        service.get("all", from, false, false);
+        for (int j : others) {
+          CHECK(as_doubles(service.buffer("all", j)) == std::vector<double>(10, 0.5 * (j + 1.0)));
+        }
+        comm.barrier();
+      }
+      CHECK(service.free("all"));
     });
   }
 }
