@@ -1,8 +1,8 @@
 // The window service with ranks as threads: put / accumulate / get / update
 // against closed forms on a ring, data split into many odd chunks, every
-// rank calling every other at once, passive
-// target (the target sleeps while the others complete), the distributed
-// mutex's exclusion, and errors that name rank, op and window.
+// rank calling every other at once, passive target (the target sleeps while
+// the others complete), the distributed mutex's exclusion, and errors that
+// name rank, op and window.
 #include <doctest/doctest.h>
 
 #include <atomic>
