@@ -357,6 +357,8 @@ def scenario_optimizer_formulas(_):
         opt.zero_grad()
         # d/dw of sum(w) * (r + 1), through a forward pass of the model.
         (model(torch.ones(1, 2, dtype=torch.float64)).sum() * (r + 1)).backward()
+        # Gradient allreduce collects each gradient during backward.
+        results[kind + ".in_flight_before_step"] = len(getattr(opt, "_sent", ()))
         opt.step()
         results[kind] = model.weight.detach().clone()
         results[kind + ".is_sgd"] = isinstance(opt, torch.optim.SGD)
@@ -374,6 +376,31 @@ def scenario_optimizer_formulas(_):
     results["bad_model"] = _error(bf.DistributedAdaptWithCombineOptimizer,
                                   torch.optim.SGD(model.parameters(), lr=0.1),
                                   model=torch.nn.Linear(2, 1))
+    _save(results)
+
+
+def scenario_gradient_buckets(_):
+    """One step of DistributedGradientAllreduceOptimizer on a 4-tensor model
+    with the fusion threshold at its default (one bucket), 40 bytes (several
+    buckets) and 0 (one allreduce per gradient). Rank r's loss is (r + 1)
+    times rank 0's, so the average gradient is mean(r + 1) times rank 0's.
+    Saves the weights after the step and the number of buckets sent."""
+    bf.init()
+    r = bf.rank()
+    results = {}
+    for threshold in (8 << 20, 40, 0):
+        bf._state.state().worker.set_threshold(threshold).result()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(),
+                                    torch.nn.Linear(3, 2)).double()
+        opt = bf.DistributedGradientAllreduceOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                       model=model)
+        opt.zero_grad()
+        (model(torch.ones(1, 4, dtype=torch.float64)).sum() * (r + 1)).backward()
+        buckets = len(opt._buckets) + (1 if opt._open else 0)
+        opt.step()
+        results[threshold] = ([p.detach().clone() for p in model.parameters()], buckets)
+        opt.unregister_hooks()
     _save(results)
 
 

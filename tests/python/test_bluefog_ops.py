@@ -244,8 +244,32 @@ def test_optimizer_formulas(n, tmp_path):
             assert torch.allclose(got[kind], torch.full((1, 2), value, dtype=torch.float64),
                                   rtol=1e-12, atol=1e-12), f"{kind} rank {r}"
             assert got[kind + ".is_sgd"]
+        # backward put the gradient into the open bucket (its accumulator's
+        # hook); step() then sends and waits for it.
+        assert got["gradient.in_flight_before_step"] == 1
         assert got["warned"]
         assert got["bad_model"] is not None and got["bad_model"][1]
+
+
+@pytest.mark.parametrize("n", [3])
+def test_gradient_allreduce_optimizer_buckets(n, tmp_path):
+    """The gradients go in buckets of BLUEFOG_FUSION_THRESHOLD bytes (one
+    allreduce per gradient at 0); every bucketing gives the average gradient."""
+    results = run("gradient_buckets", n, tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2)).double()
+    model(torch.ones(1, 4, dtype=torch.float64)).sum().backward()
+    mean_scale = sum(r + 1 for r in range(n)) / n
+    expected = [p.detach() - 0.1 * mean_scale * p.grad for p in model.parameters()]
+    for r, got in enumerate(results):
+        # 40 bytes: several buckets, fewer than the 4 gradients (16, 48, 24
+        # and 96 bytes; how they group follows autograd's order).
+        for threshold, buckets in ((8 << 20, {1}), (40, {2, 3}), (0, {4})):
+            weights, sent = got[threshold]
+            assert sent in buckets, (r, threshold, sent)
+            for w, e in zip(weights, expected):
+                assert torch.allclose(w, e, rtol=1e-12, atol=1e-12), (r, threshold)
+            assert all(torch.equal(a, b) for a, b in zip(weights, results[0][threshold][0]))
 
 
 CONVERGENCE = ["awc:empty:128", "atc:empty:128", "awc:allreduce:128", "atc:allreduce:128",

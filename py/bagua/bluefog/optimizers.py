@@ -12,8 +12,9 @@ hierarchical neighbour average, global average, or none):
 - ATC: x_{k+1} = W (x_k - lr g(x_k)): the local update, then the
   combination, both in ``step()`` (BlueFog overlaps per parameter during
   backward; here the combination follows the whole update).
-- Gradient allreduce: the gradients are averaged over all ranks in
-  ``step()`` before the update.
+- Gradient allreduce: the gradients are averaged over all ranks before the
+  update, in buckets of up to ``BLUEFOG_FUSION_THRESHOLD`` bytes allreduced
+  during backward as they fill, and ``step()`` waits for them.
 
 ``num_steps_per_communication`` = J: J training forward passes (in training
 mode, with gradients enabled; a module called twice in one pass counts once)
@@ -229,19 +230,76 @@ class _Atc(_Combine):
 
 
 class _GradientAllreduce(_Distributed):
+    """The gradients averaged over all ranks, in buckets: as backward
+    accumulates each gradient (a hook on the parameter's gradient
+    accumulator, as in BlueFog and Horovod) it joins the open bucket, and a
+    bucket reaching ``BLUEFOG_FUSION_THRESHOLD`` bytes is allreduced at once
+    as one flat buffer, overlapping the rest of backward; ``step()`` sends the
+    last bucket, waits for all, then updates. Every rank's autograd runs the
+    hooks in the same order, so the ranks build the same buckets and issue
+    them in the same order. A threshold of 0: one allreduce per gradient."""
+
+    def __init__(self, optimizer, model, num_steps_per_communication):
+        super().__init__(optimizer, model, num_steps_per_communication)
+        self._accumulators = []  # keeps the grad_fn nodes (and their hooks) alive
+        self._gradient_hooks = []
+        for p in self._parameters():
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            self._gradient_hooks.append(accumulator.register_hook(self._gradient_ready(p)))
+            self._accumulators.append(accumulator)
+        self._open, self._open_bytes = [], 0  # gradients ready, not yet sent
+        self._sent = set()
+        self._buckets = []  # (parameters, handle) in flight
+
+    def unregister_hooks(self):
+        super().unregister_hooks()
+        for hook in self._gradient_hooks:
+            hook.remove()
+        self._gradient_hooks = []
+
+    def _gradient_ready(self, p):
+        def hook(*_):
+            if self._communicating() and p.grad is not None and p not in self._sent:
+                self._add(p)
+                if self._open_bytes >= _state.state().worker.threshold:
+                    self._send_open()
+        return hook
+
+    def _add(self, p):
+        self._sent.add(p)
+        self._open.append(p)
+        self._open_bytes += p.grad.numel() * p.grad.element_size()
+
+    def _send_open(self):
+        """Allreduces the open bucket: one flat buffer per dtype and device."""
+        groups = {}
+        for p in self._open:
+            groups.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        for params in groups.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            name = f"gradients {self._names[params[0]]}..{self._names[params[-1]]}"
+            self._buckets.append((params, _collectives.allreduce_nonblocking(flat, average=True,
+                                                                             name=name)))
+        self._open, self._open_bytes = [], 0
+
+    def synchronize(self):
+        for params, handle in self._buckets:
+            flat = _ops.synchronize(handle)
+            for p, piece in zip(params, torch.split(flat, [p.grad.numel() for p in params])):
+                p.grad.copy_(piece.view_as(p.grad))
+        self._buckets, self._sent = [], set()
+
     def step(self, closure=None):
         if self._communicating():
-            for p in self._parameters():
-                if p.grad is not None:
-                    self._handles[p] = _collectives.allreduce_nonblocking(
-                        p.grad, average=True, name=self._names[p])
+            for p in self._parameters():  # those backward did not reach (no hook ran)
+                if p.grad is not None and p not in self._sent:
+                    self._add(p)
+            if self._open:
+                self._send_open()
             if not self._skip_synchronize:
                 self.synchronize()
             self._reset_passes()
         return self._base.step(self, closure)
-
-    def _apply(self, p, result):
-        p.grad.copy_(result)
 
 
 class _WindowOptimizer(_Distributed):
