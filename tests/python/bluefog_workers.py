@@ -401,6 +401,20 @@ def scenario_gradient_buckets(_):
         opt.step()
         results[threshold] = ([p.detach().clone() for p in model.parameters()], buckets)
         opt.unregister_hooks()
+    # Horovod's clipping pattern: synchronize(), then step() under
+    # skip_synchronize() (at the 40-byte threshold: some buckets already sent).
+    bf._state.state().worker.set_threshold(40).result()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2)).double()
+    opt = bf.DistributedGradientAllreduceOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                   model=model)
+    opt.zero_grad()
+    (model(torch.ones(1, 4, dtype=torch.float64)).sum() * (r + 1)).backward()
+    opt.synchronize()
+    results["synchronized_grads"] = [p.grad.clone() for p in model.parameters()]
+    with opt.skip_synchronize():
+        opt.step()
+    results["skip_synchronize"] = [p.detach().clone() for p in model.parameters()]
     _save(results)
 
 

@@ -270,6 +270,12 @@ def test_gradient_allreduce_optimizer_buckets(n, tmp_path):
             for w, e in zip(weights, expected):
                 assert torch.allclose(w, e, rtol=1e-12, atol=1e-12), (r, threshold)
             assert all(torch.equal(a, b) for a, b in zip(weights, results[0][threshold][0]))
+        # synchronize() then step() under skip_synchronize(): the averaged
+        # gradients are in place before the step, and nothing is sent twice.
+        for g, p in zip(got["synchronized_grads"], model.parameters()):
+            assert torch.allclose(g, mean_scale * p.grad, rtol=1e-12, atol=1e-12), r
+        for w, e in zip(got["skip_synchronize"], expected):
+            assert torch.allclose(w, e, rtol=1e-12, atol=1e-12), r
 
 
 CONVERGENCE = ["awc:empty:128", "atc:empty:128", "awc:allreduce:128", "atc:allreduce:128",

@@ -248,7 +248,8 @@ class _GradientAllreduce(_Distributed):
             self._gradient_hooks.append(accumulator.register_hook(self._gradient_ready(p)))
             self._accumulators.append(accumulator)
         self._open, self._open_bytes = [], 0  # gradients ready, not yet sent
-        self._sent = set()
+        self._sent = set()  # gradients of this communication already in a bucket
+        self._synchronized = False  # this communication's buckets all sent and written
         self._buckets = []  # (parameters, handle) in flight
 
     def unregister_hooks(self):
@@ -259,7 +260,8 @@ class _GradientAllreduce(_Distributed):
 
     def _gradient_ready(self, p):
         def hook(*_):
-            if self._communicating() and p.grad is not None and p not in self._sent:
+            if (self._communicating() and not self._synchronized and p.grad is not None
+                    and p not in self._sent):
                 self._add(p)
                 if self._open_bytes >= _state.state().worker.threshold:
                     self._send_open()
@@ -282,23 +284,34 @@ class _GradientAllreduce(_Distributed):
                                                                              name=name)))
         self._open, self._open_bytes = [], 0
 
+    def _flush(self):
+        """Sends the open bucket, with the gradients backward did not reach
+        (no hook ran for them)."""
+        for p in self._parameters():
+            if p.grad is not None and p not in self._sent:
+                self._add(p)
+        if self._open:
+            self._send_open()
+
     def synchronize(self):
+        """Sends what is left of this communication's gradients, waits for
+        every bucket and writes the averages into the gradients (call it
+        before clipping them, then ``step()`` under ``skip_synchronize()``)."""
+        if self._communicating() and not self._synchronized:
+            self._flush()
+            self._synchronized = True
         for params, handle in self._buckets:
             flat = _ops.synchronize(handle)
             for p, piece in zip(params, torch.split(flat, [p.grad.numel() for p in params])):
                 p.grad.copy_(piece.view_as(p.grad))
-        self._buckets, self._sent = [], set()
+        self._buckets = []
 
     def step(self, closure=None):
         if self._communicating():
-            for p in self._parameters():  # those backward did not reach (no hook ran)
-                if p.grad is not None and p not in self._sent:
-                    self._add(p)
-            if self._open:
-                self._send_open()
             if not self._skip_synchronize:
                 self.synchronize()
             self._reset_passes()
+            self._sent, self._synchronized = set(), False
         return self._base.step(self, closure)
 
 
