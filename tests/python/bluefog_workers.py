@@ -357,7 +357,7 @@ def scenario_optimizer_formulas(_):
         opt.zero_grad()
         # d/dw of sum(w) * (r + 1), through a forward pass of the model.
         (model(torch.ones(1, 2, dtype=torch.float64)).sum() * (r + 1)).backward()
-        # Gradient allreduce collects each gradient during backward.
+        # Gradient allreduce puts each gradient in a bucket during backward.
         results[kind + ".in_flight_before_step"] = len(getattr(opt, "_sent", ()))
         opt.step()
         results[kind] = model.weight.detach().clone()
@@ -377,6 +377,35 @@ def scenario_optimizer_formulas(_):
                                   torch.optim.SGD(model.parameters(), lr=0.1),
                                   model=torch.nn.Linear(2, 1))
     _save(results)
+
+
+def scenario_atc_overlap_matches_reference(_):
+    """ATC (allreduce combination, Adam) on a 4-tensor model for 3 steps
+    against the same model trained by plain Adam steps each followed by an
+    explicit bf.allreduce of every parameter. Saves both models' parameters."""
+    bf.init()
+    r = bf.rank()
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(),
+                                   torch.nn.Linear(3, 2)).double()
+    model, reference = build(), build()
+    opt = bf.DistributedAdaptThenCombineOptimizer(
+        torch.optim.Adam(model.parameters(), lr=0.05), model=model,
+        communication_type=bf.CommunicationType.allreduce)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=0.05)
+    x = torch.arange(8, dtype=torch.float64).reshape(2, 4) / 8 + r
+    for _ in range(3):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            (m(x) ** 2).sum().backward()
+            o.step()
+        with torch.no_grad():
+            for p in reference.parameters():
+                p.copy_(bf.allreduce(p.detach(), average=True))
+    _save({"atc": [p.detach().clone() for p in model.parameters()],
+           "reference": [p.detach().clone() for p in reference.parameters()]})
 
 
 def scenario_gradient_buckets(_):

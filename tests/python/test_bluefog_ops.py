@@ -251,6 +251,18 @@ def test_optimizer_formulas(n, tmp_path):
         assert got["bad_model"] is not None and got["bad_model"][1]
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_atc_matches_step_then_allreduce(n, tmp_path):
+    """ATC with Adam over 3 steps gives what the plain Adam step followed by
+    an explicit allreduce of every parameter gives, on every rank, and the
+    ranks agree (the combination is an allreduce)."""
+    results = run("atc_overlap_matches_reference", n, tmp_path)
+    for r, got in enumerate(results):
+        for a, b in zip(got["atc"], got["reference"]):
+            assert torch.allclose(a, b, rtol=1e-12, atol=1e-12), r
+        assert all(torch.equal(a, b) for a, b in zip(got["atc"], results[0]["atc"]))
+
+
 @pytest.mark.parametrize("n", [3])
 def test_gradient_allreduce_optimizer_buckets(n, tmp_path):
     """The gradients go in buckets of BLUEFOG_FUSION_THRESHOLD bytes (one
