@@ -7,7 +7,10 @@
 // each process runs one progress thread (C++, no GIL) on a communicator of
 // its own. It waits for request headers from any rank (recv_any), serves
 // PUT / ACCUMULATE / GET / LOCK / UNLOCK, and acknowledges each; the calling
-// side of an op (the "client": put, get, lock...) returns on the ack. Data
+// side of an op (the "client": put, get, lock...) returns on the ack. A put
+// or get to several peers sends to all of them at once, after posting every
+// receive of their answers, so a progress thread never waits for a client
+// that waits for another peer (call_all). Data
 // travel in chunks of `chunk_bytes`, each on its own tag and each wait
 // bounded by the timeout, so any size works and a long transfer of a large
 // tensor never trips the timeout as a whole.
