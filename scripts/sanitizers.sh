@@ -71,7 +71,7 @@ fi
 [[ $phases == *run* ]] || exit 0
 
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-export TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1"
+export TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1 suppressions=$PWD/tests/cpp/tsan_suppressions.txt"
 pids=() logs=() names=()
 for k in "${kinds[@]}"; do start_suite "$(dir_of "$k")" "$(option_of "$k")"; done
 status=0
