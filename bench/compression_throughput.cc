@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     const double t_compress =
         best_seconds([&] { q::compress_f32(x.data(), n, packed.data()); }, repeats);
     const double t_decompress =
-        best_seconds([&] { q::decompress<float>(packed.data(), n, y.data(), false); }, repeats);
+        best_seconds([&] { q::decompress_f32(packed.data(), n, y.data(), false); }, repeats);
     const double bytes = static_cast<double>(n) * 4;
     const double gb = 1e9;
     // Bytes moved: memcpy reads and writes 4n; compress reads 4n (twice: min/max,

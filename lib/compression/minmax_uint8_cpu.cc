@@ -1,8 +1,10 @@
-// The fp32 MinMaxUInt8 compressor of the CPU path: an AVX2 version picked at
-// run time when the CPU has it, and the portable loop otherwise. Both apply
-// minmax_uint8.h's formulas in the same IEEE operations (multiply, round to
-// nearest even, subtract, clamp), so the codes are identical bit for bit;
-// tests/cpp/test_compression.cc checks it.
+// The fp32 MinMaxUInt8 compressor and decompressor of the CPU path: AVX2
+// versions picked at run time when the CPU has it, and the portable loops
+// otherwise. Both apply minmax_uint8.h's formulas in the same IEEE operations
+// (multiply, round to nearest even, subtract, clamp; add, divide), so codes
+// and decoded values are identical bit for bit; tests/cpp/test_compression.cc
+// checks it. (The decoder divides by the scale, as the formula does, rather
+// than multiplying by its reciprocal, which would change the last bit.)
 #include <cstring>
 
 #include "bagua/compression/minmax_uint8.h"
@@ -103,7 +105,52 @@ __attribute__((target("avx2"))) void compress_avx2(const float* x, std::int64_t 
   quantize_avx2(x, count, grid.scale, grid.lower, codes);
 }
 
+// out[i] = (q[i] + lower) / scale, plus out[i] first when accumulating: the
+// float addition commutes exactly, so lanes equal dequantize()'s result.
+__attribute__((target("avx2"))) void decode_regular_avx2(const std::uint8_t* codes,
+                                                         std::int64_t count, float scale,
+                                                         float lower, float* out, bool accumulate) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256 vlower = _mm256_set1_ps(lower);
+  std::int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
+    const __m256 level = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight)), vlower);
+    __m256 decoded = _mm256_div_ps(level, vscale);
+    if (accumulate) decoded = _mm256_add_ps(_mm256_loadu_ps(out + i), decoded);
+    _mm256_storeu_ps(out + i, decoded);
+  }
+  for (; i < count; ++i) {
+    const float decoded = (static_cast<float>(codes[i]) + lower) / scale;
+    out[i] = accumulate ? out[i] + decoded : decoded;
+  }
+}
+
+__attribute__((target("avx2"))) void decompress_avx2(const std::byte* in, std::int64_t count,
+                                                     float* out, bool accumulate) {
+  const Grid grid = read_grid(in);
+  if (grid.constant || grid.non_finite) {  // rare: the portable loop's rules
+    decompress<float>(in, count, out, accumulate);
+    return;
+  }
+  decode_regular_avx2(reinterpret_cast<const std::uint8_t*>(in + kHeaderBytes), count, grid.scale,
+                      grid.lower, out, accumulate);
+}
+
 #endif  // BAGUA_HAVE_AVX2_PATH
+
+void decompress_portable(const std::byte* in, std::int64_t count, float* out, bool accumulate) {
+  decompress<float>(in, count, out, accumulate);
+}
+
+using DecompressFn = void (*)(const std::byte*, std::int64_t, float*, bool);
+
+DecompressFn pick_decompressor() {
+#if defined(BAGUA_HAVE_AVX2_PATH)
+  if (__builtin_cpu_supports("avx2")) return &decompress_avx2;
+#endif
+  return &decompress_portable;
+}
 
 using CompressFn = void (*)(const float*, std::int64_t, std::byte*);
 
@@ -123,6 +170,15 @@ void compress_f32(const float* x, std::int64_t count, std::byte* out) {
 
 void compress_f32_portable(const float* x, std::int64_t count, std::byte* out) {
   compress_portable(x, count, out);
+}
+
+void decompress_f32(const std::byte* in, std::int64_t count, float* out, bool accumulate) {
+  static const DecompressFn decompressor = pick_decompressor();
+  decompressor(in, count, out, accumulate);
+}
+
+void decompress_f32_portable(const std::byte* in, std::int64_t count, float* out, bool accumulate) {
+  decompress_portable(in, count, out, accumulate);
 }
 
 }  // namespace bagua::minmax_uint8

@@ -96,13 +96,13 @@ void reduce_in_group(Communicator& comm, const TensorView& buffer, std::span<con
   float* mine = x + own.offset;
   for (int j = 0; j < m; ++j) {
     if (j != me)
-      minmax_uint8::decompress<float>(incoming[static_cast<std::size_t>(j)].data(), own.numel, mine,
-                                      /*accumulate=*/true);
+      minmax_uint8::decompress_f32(incoming[static_cast<std::size_t>(j)].data(), own.numel, mine,
+                                   /*accumulate=*/true);
   }
   for (std::int64_t i = 0; i < own.numel; ++i) mine[i] /= static_cast<float>(m);
   std::vector<std::byte> average(bytes_of(own));
   minmax_uint8::compress_f32(mine, own.numel, average.data());
-  minmax_uint8::decompress<float>(average.data(), own.numel, mine, /*accumulate=*/false);
+  minmax_uint8::decompress_f32(average.data(), own.numel, mine, /*accumulate=*/false);
 
   // Phase 2: every owner's compressed average to every member.
   sends.clear();
@@ -119,8 +119,8 @@ void reduce_in_group(Communicator& comm, const TensorView& buffer, std::span<con
   for (int j = 0; j < m; ++j) {
     if (j == me) continue;
     const Chunk c = chunk_of(buffer.numel, m, j);
-    minmax_uint8::decompress<float>(incoming[static_cast<std::size_t>(j)].data(), c.numel,
-                                    x + c.offset, /*accumulate=*/false);
+    minmax_uint8::decompress_f32(incoming[static_cast<std::size_t>(j)].data(), c.numel,
+                                 x + c.offset, /*accumulate=*/false);
   }
 }
 

@@ -474,3 +474,39 @@ TEST_CASE("the vectorized fp32 compressor writes the portable loop's bytes") {
     CHECK(std::isnan(header[1]));
   }
 }
+
+TEST_CASE("the vectorized fp32 decompressor writes the portable loop's values") {
+  std::mt19937 rng(7);
+  for (std::int64_t n : {1, 7, 8, 9, 31, 32, 33, 100, 1000, 65537}) {
+    for (float offset : {0.0f, 3.0f, -100.0f, 1e5f}) {
+      std::uniform_real_distribution<float> value(-250.0f, 250.0f);
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (auto& v : x) v = offset + value(rng);
+      std::vector<std::byte> packed(q::compressed_bytes(n));
+      q::compress_f32(x.data(), n, packed.data());
+      for (bool accumulate : {false, true}) {
+        // Start from values of their own so accumulating is visible.
+        std::vector<float> fast(x.rbegin(), x.rend()), portable = fast;
+        q::decompress_f32(packed.data(), n, fast.data(), accumulate);
+        q::decompress_f32_portable(packed.data(), n, portable.data(), accumulate);
+        CAPTURE(n);
+        CAPTURE(offset);
+        CAPTURE(accumulate);
+        REQUIRE(std::memcmp(fast.data(), portable.data(), fast.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  // The special grids keep their rules: a constant chunk decodes to its value,
+  // a non-finite one to NaN, added or not.
+  std::vector<float> constant(40, 2.5f), with_nan(40, 1.0f);
+  with_nan[33] = std::numeric_limits<float>::quiet_NaN();
+  for (const auto* x : {&constant, &with_nan}) {
+    std::vector<std::byte> packed(q::compressed_bytes(40));
+    q::compress_f32(x->data(), 40, packed.data());
+    std::vector<float> fast(40, 1.0f), portable(40, 1.0f);
+    q::decompress_f32(packed.data(), 40, fast.data(), true);
+    q::decompress_f32_portable(packed.data(), 40, portable.data(), true);
+    CHECK(std::memcmp(fast.data(), portable.data(), 40 * sizeof(float)) == 0);
+    CHECK((x == &constant ? fast[39] == 3.5f : std::isnan(fast[39])));
+  }
+}

@@ -147,4 +147,10 @@ void decompress(const std::byte* in, std::int64_t count, T* out, bool accumulate
   }
 }
 
+// The fp32 CPU decoder: AVX2 when the CPU has it, else decompress<float>;
+// the same values either way (lib/compression/minmax_uint8_cpu.cc).
+void decompress_f32(const std::byte* in, std::int64_t count, float* out, bool accumulate);
+// The portable loop alone, for tests comparing the two.
+void decompress_f32_portable(const std::byte* in, std::int64_t count, float* out, bool accumulate);
+
 }  // namespace bagua::minmax_uint8

@@ -43,7 +43,9 @@ inline void compress_view(const TensorView& chunk, std::byte* out) {
 inline void decompress_view(const std::byte* in, const TensorView& out, bool accumulate) {
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T> || is_half_type_v<T>) {
+    if constexpr (std::is_same_v<T, float>) {
+      decompress_f32(in, out.numel, out.data_as<float>(), accumulate);
+    } else if constexpr (std::is_floating_point_v<T> || is_half_type_v<T>) {
       decompress<T>(in, out.numel, out.data_as<T>(), accumulate);
     } else {
       check_compressible(out.dtype, "decompress");
