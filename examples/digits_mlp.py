@@ -9,13 +9,13 @@ test accuracy at the end (and writes it as JSON with --results).
 
 import argparse
 import json
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 import bagua.torch_api as bagua
@@ -96,12 +96,25 @@ class MLP(torch.nn.Module):
 
 
 def load_data(seed):
-    digits = load_digits()
-    x = digits.data.astype(np.float32) / 16.0
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, digits.target, test_size=0.25, random_state=seed, stratify=digits.target)
-    return (torch.from_numpy(x_train), torch.from_numpy(y_train).long(),
-            torch.from_numpy(x_test), torch.from_numpy(y_test).long())
+    """The digits split into train and test (a quarter, stratified), cached
+    under ~/.cache/bagua-examples: scikit-learn, which makes the split, takes
+    longer to import than a short run takes to train."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bagua-examples"
+    path = cache / f"digits_split_seed{seed}.npz"
+    if not path.exists():
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        digits = load_digits()
+        x = digits.data.astype(np.float32) / 16.0
+        split = train_test_split(x, digits.target, test_size=0.25, random_state=seed, stratify=digits.target)
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = cache / f".{path.name}.{os.getpid()}.npz"  # each rank writes its own, then renames
+        np.savez(partial, x_train=split[0], x_test=split[1], y_train=split[2], y_test=split[3])
+        os.replace(partial, path)
+    with np.load(path) as data:
+        return (torch.from_numpy(data["x_train"]), torch.from_numpy(data["y_train"]).long(),
+                torch.from_numpy(data["x_test"]), torch.from_numpy(data["y_test"]).long())
 
 
 def evaluate_on_every_rank(model, x_test, y_test, rank, world):

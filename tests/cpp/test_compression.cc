@@ -182,6 +182,83 @@ TEST_CASE("C_LP_S matches an exact allreduce within the quantization bound") {
   }
 }
 
+namespace {
+
+// y = Q^-1(Q(x)) in chunks of `chunk` (MinMaxUInt8's round trip).
+std::vector<float> round_trip(const std::vector<float>& x, std::int64_t chunk) {
+  std::vector<float> y(x.size());
+  for (std::size_t begin = 0; begin < x.size(); begin += static_cast<std::size_t>(chunk)) {
+    const auto count = std::min(x.size() - begin, static_cast<std::size_t>(chunk));
+    std::vector<std::byte> bytes(q::compressed_bytes(static_cast<std::int64_t>(count)));
+    q::compress<float>(x.data() + begin, static_cast<std::int64_t>(count), bytes.data());
+    q::decompress<float>(bytes.data(), static_cast<std::int64_t>(count), y.data() + begin, false);
+  }
+  return y;
+}
+
+// C_LP_S's result, computed serially from every rank's input: chunk j is
+// reduced by rank j from its own exact copy plus the others' round trips in
+// rank order, divided by the world when averaging, and round-tripped once
+// more for the allgather.
+std::vector<float> c_lp_s_reference(int world, std::int64_t n, int seed, bool average) {
+  const std::int64_t chunk = (n + world - 1) / world;
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (int j = 0; j < world; ++j) {
+    const std::int64_t begin = std::min<std::int64_t>(j * chunk, n);
+    const std::int64_t count = std::min(chunk, n - begin);
+    if (count == 0) continue;
+    auto part = [&](int r) {
+      const auto x = lp_input(r, n, seed);
+      return std::vector<float>(x.begin() + begin, x.begin() + begin + count);
+    };
+    std::vector<float> acc = part(j);
+    for (int r = 0; r < world; ++r) {
+      if (r == j) continue;
+      const auto decoded = round_trip(part(r), chunk);
+      for (std::int64_t i = 0; i < count; ++i)
+        acc[static_cast<std::size_t>(i)] += decoded[static_cast<std::size_t>(i)];
+    }
+    if (average) {
+      for (auto& v : acc) v = v / static_cast<float>(world);
+    }
+    const auto reduced = round_trip(acc, chunk);
+    std::copy(reduced.begin(), reduced.end(), out.begin() + begin);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("C_LP_S equals its serial reference: the own chunk exact, the others round-tripped") {
+  for (int world = 1; world <= 5; ++world) {
+    for (bool average : {true, false}) {
+      for (bool feedback : {false, true}) {  // the first step's residuals are zero
+        CAPTURE(world);
+        CAPTURE(average);
+        CAPTURE(feedback);
+        testing::run_ranks(world, [&](Communicator& comm) {
+          auto bucket_comm = all_ranks(comm);
+          for (std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{1001}}) {
+            CAPTURE(n);
+            auto x = lp_input(comm.rank(), n, 3);
+            Bucket bucket("exact", {{"x", view_of(x)}});
+            bucket.append_op(std::make_unique<CentralizedLowPrecisionOp>(
+                bucket_comm, nullptr, DType::kFloat32,
+                CentralizedLowPrecisionOptions{
+                    .hierarchical = false, .average = average, .error_feedback = feedback}));
+            bucket.ops().front()->execute(bucket);
+            const auto expected = c_lp_s_reference(world, n, 3, average);
+            for (std::int64_t i = 0; i < n; ++i) {
+              CAPTURE(i);
+              REQUIRE(x[static_cast<std::size_t>(i)] == expected[static_cast<std::size_t>(i)]);
+            }
+          }
+        });
+      }
+    }
+  }
+}
+
 TEST_CASE("C_LP_S moves at most 1/3.9 of C_FP_S's bytes for fp32") {
   testing::run_ranks(4, [&](Communicator& comm) {
     auto bucket_comm = all_ranks(comm);
