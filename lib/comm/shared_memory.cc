@@ -388,9 +388,14 @@ void SharedMemoryGroup::reduce_piece(const TensorView& buffer, std::int64_t offs
       const auto at = [&](std::byte* area) { return reinterpret_cast<T*>(area) + begin; };
       const auto n = static_cast<std::size_t>(end - begin);
       T* out = at(result(piece));
-      reduce_elements<T>(op, out, at(slot(piece, 0)), at(slot(piece, 1)), n);
-      for (int r = 2; r < size_; ++r) reduce_elements<T>(op, out, out, at(slot(piece, r)), n);
-      if (op == ReduceOp::kAvg) divide_elements<T>(out, n, size_);
+      for (int r = 1; r < size_; ++r) {  // (groups here have 2 ranks or more)
+        const T* sum = r == 1 ? at(slot(piece, 0)) : out;
+        if (op == ReduceOp::kAvg && r == size_ - 1) {
+          sum_then_divide<T>(out, sum, at(slot(piece, r)), n, size_);  // one pass fewer
+        } else {
+          reduce_elements<T>(op, out, sum, at(slot(piece, r)), n);
+        }
+      }
     });
   }
   control_->publish(rank_, Stage::kReduced, piece);

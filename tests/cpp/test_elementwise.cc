@@ -1,7 +1,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "bagua/core/elementwise.h"
 #include "bagua/core/half.h"
@@ -74,4 +77,86 @@ TEST_CASE("reduce_into and divide_inplace on every dtype") {
 TEST_CASE("reduce_into rejects mismatched operands") {
   testing::TypedBuffer a(DType::kFloat32, 3), b(DType::kFloat32, 4);
   CHECK_THROWS_AS(reduce_into(ReduceOp::kSum, a.view(), a.view(), b.view()), InvalidArgument);
+}
+
+namespace {
+
+// Float bit patterns drawn over every exponent (subnormals, extremes,
+// infinities and NaNs included), so that no rounding case is left out.
+template <typename F, typename Bits>
+std::vector<F> floats_over_every_exponent(std::size_t count, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<F> values(count);
+  for (auto& v : values) {
+    const auto bits = static_cast<Bits>(rng());
+    std::memcpy(&v, &bits, sizeof(F));
+  }
+  return values;
+}
+
+bool same_bits_or_both_nan(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof(double)) == 0;
+}
+
+template <typename F, typename Bits>
+void check_reciprocal_and_fused_average(unsigned seed) {
+  const auto a = floats_over_every_exponent<F, Bits>(20'000, seed);
+  const auto b = floats_over_every_exponent<F, Bits>(20'000, seed + 1);
+  for (std::int64_t divisor = 1; divisor <= 9; ++divisor) {
+    CAPTURE(divisor);
+    std::vector<F> divided(a), fused(a.size());
+    divide_elements<F>(divided.data(), divided.size(), divisor);
+    sum_then_divide<F>(fused.data(), a.data(), b.data(), a.size(), divisor);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(a[i]);
+      CAPTURE(b[i]);
+      // The references: IEEE division, one element at a time.
+      const F quotient = a[i] / static_cast<F>(divisor);
+      const F sum = a[i] + b[i];
+      const F average = sum / static_cast<F>(divisor);
+      REQUIRE(same_bits_or_both_nan(divided[i], quotient));
+      REQUIRE(same_bits_or_both_nan(fused[i], average));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dividing by a power of two through its reciprocal keeps the quotient's bits") {
+  CHECK(reciprocal_is_exact(1));
+  CHECK(reciprocal_is_exact(8));
+  CHECK_FALSE(reciprocal_is_exact(6));
+  CHECK_FALSE(reciprocal_is_exact(0));
+  check_reciprocal_and_fused_average<float, std::uint32_t>(7);
+  check_reciprocal_and_fused_average<double, std::uint64_t>(11);
+}
+
+TEST_CASE("sum_then_divide equals reduce_elements then divide_elements on every dtype") {
+  // 16-bit floats and integers: the fused call must round as the two passes do.
+  auto check = [](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> a(257), b(257);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const auto x = static_cast<float>(i) * 0.37f - 40.0f,
+                 y = 17.0f - static_cast<float>(i) * 0.11f;
+      if constexpr (is_half_type_v<T>) {
+        a[i] = store<T>(x);
+        b[i] = store<T>(y);
+      } else {
+        a[i] = static_cast<T>(x);
+        b[i] = static_cast<T>(y);
+      }
+    }
+    for (std::int64_t divisor : {1, 2, 3, 4, 5}) {
+      std::vector<T> two_passes(a.size()), fused(a.size());
+      reduce_elements<T>(ReduceOp::kSum, two_passes.data(), a.data(), b.data(), a.size());
+      divide_elements<T>(two_passes.data(), two_passes.size(), divisor);
+      sum_then_divide<T>(fused.data(), a.data(), b.data(), a.size(), divisor);
+      REQUIRE(std::memcmp(two_passes.data(), fused.data(), a.size() * sizeof(T)) == 0);
+    }
+  };
+  check(Half{});
+  check(BFloat16{});
+  check(std::int32_t{});
+  check(std::int64_t{});
 }

@@ -58,14 +58,48 @@ void reduce_elements(ReduceOp op, T* out, const T* a, const T* b, std::size_t co
   }
 }
 
+// Whether x * (1 / divisor) has the bits of x / divisor for every float x:
+// when 1 / divisor is exact (a power of two) both round the same real
+// number, and the product is several times cheaper than the quotient.
+inline bool reciprocal_is_exact(std::int64_t divisor) {
+  return divisor > 0 && (divisor & (divisor - 1)) == 0;
+}
+
 // x[i] = x[i] / divisor: the averaging step after a sum.
 template <typename T>
 void divide_elements(T* x, std::size_t count, std::int64_t divisor) {
   if constexpr (is_half_type_v<T>) {
     for (std::size_t i = 0; i < count; ++i) x[i] = divide_one(x[i], divisor);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (reciprocal_is_exact(divisor)) {
+      const T inverse = T{1} / static_cast<T>(divisor);
+      for (std::size_t i = 0; i < count; ++i) x[i] *= inverse;
+      return;
+    }
+    const auto d = static_cast<T>(divisor);
+    for (std::size_t i = 0; i < count; ++i) x[i] = x[i] / d;
   } else {
     const auto d = static_cast<T>(divisor);
     for (std::size_t i = 0; i < count; ++i) x[i] = static_cast<T>(x[i] / d);
+  }
+}
+
+// out[i] = (a[i] + b[i]) / divisor: an average's last sum and its division
+// in one pass, with the bits of reduce_elements(kSum) then divide_elements.
+// `out` may alias `a` or `b`.
+template <typename T>
+void sum_then_divide(T* out, const T* a, const T* b, std::size_t count, std::int64_t divisor) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (reciprocal_is_exact(divisor)) {
+      const T inverse = T{1} / static_cast<T>(divisor);
+      for (std::size_t i = 0; i < count; ++i) out[i] = (a[i] + b[i]) * inverse;
+      return;
+    }
+    const auto d = static_cast<T>(divisor);
+    for (std::size_t i = 0; i < count; ++i) out[i] = (a[i] + b[i]) / d;
+  } else {
+    reduce_elements<T>(ReduceOp::kSum, out, a, b, count);
+    divide_elements<T>(out, count, divisor);
   }
 }
 
