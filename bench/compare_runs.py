@@ -3,7 +3,7 @@ them: each kind's median step time in both runs, the first run's p90 and
 stage medians, the ratio to DDP of each run with its range over the
 repeats, and whether the second run's ratio is within 5 % of the first's.
 
-    /usr/bin/python3 bench/compare_runs.py bench/results/step_time.json bench/results/step_time_run2.json
+    /usr/bin/python3 bench/compare_runs.py bench/results/step_time_t113_run1.json bench/results/step_time_t113_run2.json
 
 Prints a markdown table; exits 0 whatever the figures are.
 """

@@ -11,6 +11,10 @@ the ratio over the repeats is printed.
     /usr/bin/python3 bench/step_time.py --world-sizes 2 --algorithms gradient_allreduce,bytegrad
     /usr/bin/python3 bench/step_time.py --busy 1              # one extra process spinning
     /usr/bin/python3 bench/step_time.py --algorithms gradient_allreduce,gradient_allreduce@tcp
+    /usr/bin/python3 bench/step_time.py --algorithms gradient_allreduce,local   # with the floor
+
+The kind "local" trains each rank's model alone, without any communication
+(the gradients are not averaged): the floor no gradient exchange can go below.
 
 An algorithm named with "@tcp" runs on a process group whose communicators
 keep every collective on loopback TCP (BAGUA_SHARED_MEMORY=0 while the group
@@ -90,6 +94,8 @@ def make_run(kind, spec, tcp_group):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if kind == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
+    elif kind == "local":
+        pass  # no communication at all: the floor
     else:
         group = tcp_group if kind.endswith("@tcp") else None
         model = model.with_bagua([opt], make_algorithm(kind), process_group=group)
@@ -168,9 +174,10 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    unknown = {k.split("@")[0] for k in args.algorithms.split(",")} - set(ALGORITHMS)
-    if unknown:
-        parser.error(f"unknown algorithms {sorted(unknown)}; choose from {sorted(ALGORITHMS)}")
+    unknown = {k.split("@")[0] for k in args.algorithms.split(",")} - set(ALGORITHMS) - {"local"}
+    if unknown or "local@tcp" in args.algorithms:
+        parser.error(f"unknown algorithms {sorted(unknown or ['local@tcp'])}; choose from "
+                     f"{sorted(ALGORITHMS)} or local")
 
     import tempfile
 
