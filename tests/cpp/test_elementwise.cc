@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -95,7 +96,8 @@ std::vector<F> floats_over_every_exponent(std::size_t count, unsigned seed) {
 }
 
 bool same_bits_or_both_nan(double a, double b) {
-  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof(double)) == 0;
+  return (std::isnan(a) && std::isnan(b)) ||
+         std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
 }
 
 template <typename F, typename Bits>
@@ -152,7 +154,9 @@ TEST_CASE("sum_then_divide equals reduce_elements then divide_elements on every 
       reduce_elements<T>(ReduceOp::kSum, two_passes.data(), a.data(), b.data(), a.size());
       divide_elements<T>(two_passes.data(), two_passes.size(), divisor);
       sum_then_divide<T>(fused.data(), a.data(), b.data(), a.size(), divisor);
-      REQUIRE(std::memcmp(two_passes.data(), fused.data(), a.size() * sizeof(T)) == 0);
+      const bool same_bytes =
+          std::memcmp(two_passes.data(), fused.data(), a.size() * sizeof(T)) == 0;
+      REQUIRE(same_bytes);
     }
   };
   check(Half{});
