@@ -45,8 +45,8 @@ def worker(args):
 
     torch.set_num_threads(1)
     bagua.init_process_group()
-    group = bagua.communication._resolve(None)
-    comm = group.new_bucket_group(list(range(group.size)))
+    # The communicator a model's buckets use, from a group of every rank.
+    comm = bagua.new_group(list(range(bagua.get_world_size()))).get_bucket_communicator()
     tensors = {op: torch.randn(args.numel) for op in OPS}
     backends = {}
     for op in OPS:

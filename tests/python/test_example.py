@@ -50,9 +50,13 @@ def test_algorithm_converges_like_gradient_allreduce(algorithm, gradient_allredu
         # P-Reduce ranks linger at abort: each rank's own model, before the
         # example's final average, must be as good.
         accuracies += metrics["own_model_accuracies"]
-    # 450 test digits: one rank's accuracy moves by about 1 point (one
-    # standard deviation) from run to run, and P-Reduce's groups depend on
-    # timing, so the ranks' mean is held to 1.5 points and each rank to 3.
+    # 450 test digits: every rank within 1.5 points of the reference. Where
+    # P-Reduce picks its groups by timing ("smart": the idle ranks), each
+    # run trains a different sequence of averages and one rank's accuracy
+    # moves by about 1 point from run to run (0.960 against a bound of 0.9606
+    # once, one digit short): there the ranks' mean is held to 1.5 points
+    # and each rank to 3.
+    per_rank = 0.03 if algorithm.startswith("partial_allreduce_smart") else 0.015
     assert sum(accuracies) / len(accuracies) >= reference - 0.015, (algorithm, metrics, reference)
     for accuracy in accuracies:
-        assert accuracy >= reference - 0.03, (algorithm, metrics, reference)
+        assert accuracy >= reference - per_rank, (algorithm, metrics, reference)
