@@ -48,11 +48,13 @@ tests_lane() {
   echo "== test_gpu.py: exit $?; $(tail -n 1 "$OUT/test_gpu.log")" >> "$OUT/lanes.txt"
 }
 
-ALGOS=${ALGOS:-"gradient_allreduce bytegrad qadam decentralized decentralized_ring low_precision_decentralized_ring async_model_average powersgd partial_allreduce_smart partial_allreduce_static"}
+ALGOS=${ALGOS:-"gradient_allreduce bytegrad qadam decentralized decentralized_ring low_precision_decentralized_ring decentralized_topology low_precision_decentralized_topology async_model_average powersgd partial_allreduce_smart partial_allreduce_static partial_allreduce_smart_low_precision"}
 # digits BACKEND NPROC PORT DEVICE: every algorithm, on DEVICE's tensors.
 digits_lane() {
   local backend=$1 nproc=$2 port=$3 device=$4 algo status name
   for algo in $ALGOS; do
+    # P-Reduce's groups have at least 2 members: with_bagua refuses one process.
+    if [ "$nproc" -lt 2 ] && [[ $algo == partial_allreduce* ]]; then continue; fi
     name=digits_${device}_${backend}_x${nproc}_$algo
     BAGUA_BACKEND=$backend timeout "$STEP_LIMIT_S" $PY -m bagua.distributed.launch \
       --nproc_per_node "$nproc" --master_port "$port" \
@@ -79,15 +81,29 @@ out, algos = sys.argv[1], sys.argv[2].split()
 def accuracy(name):
     path = os.path.join(out, name + ".json")
     return 100 * json.load(open(path))["test_accuracy"] if os.path.exists(path) else None
-print(f"{'algorithm':34s} {'procs':>5s} {'cuda':>7s} {'cpu':>7s} {'diff':>6s}")
+# Where the averaging rounds or the groups follow the processes' timing, two
+# runs on the same device differ too (asynchronous averaging on 4 CPU
+# processes: 97.33-98.00 over six runs), so a miss there says little.
+TIMING_DEPENDENT = ("async_model_average", "partial_allreduce_smart")
+def verdict(algo, procs, diff):
+    if algo.startswith("partial_allreduce") and procs < 2:
+        return "not run: groups need 2 processes"
+    if diff is None:
+        return "MISSING"
+    if abs(diff) <= 0.5 + 1e-9:
+        return "ok"
+    return "over, timing-dependent" if algo.startswith(TIMING_DEPENDENT) else "OVER"
+print(f"{'algorithm':34s} {'procs':>5s} {'cuda':>7s} {'cpu':>7s} {'diff':>6s}  verdict")
 rows = []
 for algo in algos:
     for procs, cuda_name in ((1, f"digits_cuda_nccl_x1_{algo}"), (4, f"digits_cuda_gloo_x4_{algo}")):
         cuda, cpu = accuracy(cuda_name), accuracy(f"digits_cpu_gloo_x{procs}_{algo}")
         diff = None if cuda is None or cpu is None else cuda - cpu
-        rows.append({"algorithm": algo, "processes": procs, "cuda": cuda, "cpu": cpu, "diff": diff})
+        row = {"algorithm": algo, "processes": procs, "cuda": cuda, "cpu": cpu, "diff": diff,
+               "verdict": verdict(algo, procs, diff)}
+        rows.append(row)
         show = lambda v: f"{v:7.2f}" if v is not None else "    n/a"
-        print(f"{algo:34s} {procs:5d} {show(cuda)} {show(cpu)} {show(diff)[1:]}")
+        print(f"{algo:34s} {procs:5d} {show(cuda)} {show(cpu)} {show(diff)[1:]}  {row['verdict']}")
 json.dump(rows, open(os.path.join(out, "digits_cuda_vs_cpu.json"), "w"), indent=1)
 PYEOF
 say "== done in $SECONDS s"
