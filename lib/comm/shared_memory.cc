@@ -34,8 +34,9 @@ constexpr std::size_t kLine = 64;  // one cache line per rank's counters
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kNameBytes = 128;
 constexpr std::size_t kKeyBytes = 256;
-constexpr std::size_t kSegmentBudget = 64ULL << 20;  // all slots and results of one group
-constexpr std::chrono::milliseconds kSlice{100};     // how often a waiter checks its peers
+constexpr std::size_t kSegmentBudget = 64ULL << 20;   // all slots and results of one group
+constexpr std::chrono::milliseconds kSlice{100};      // how often a waiter checks its peers
+constexpr std::size_t kReduceBlockBytes = 16 * 1024;  // a block of the reduction, in L1
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -373,36 +374,62 @@ void SharedMemoryGroup::allreduce(const TensorView& buffer, ReduceOp op,
 
 void SharedMemoryGroup::reduce_piece(const TensorView& buffer, std::int64_t offset,
                                      std::int64_t count, ReduceOp op, Waiter& waiter) {
-  const std::size_t element = dtype_size(buffer.dtype), nbytes = count * element;
+  const std::size_t element = dtype_size(buffer.dtype);
   std::byte* const source = buffer.bytes() + offset * element;
+  // This rank reduces segment [begin, end) of the piece; no peer reads that
+  // segment of this rank's slot, so it never goes there: the reduction reads
+  // it from the buffer and writes the result back in place.
+  const std::int64_t begin = count * rank_ / size_, end = count * (rank_ + 1) / size_;
+  const std::size_t head = begin * element, own = (end - begin) * element,
+                    tail = (count - end) * element;
+  const auto around_own = [&](std::byte* to, const std::byte* from) {
+    std::memcpy(to, from, head);
+    std::memcpy(to + head + own, from + head + own, tail);
+  };
   // 1. copy in, once every rank has consumed what this slot set held before
   const std::uint64_t piece = begin_piece(waiter);
-  std::memcpy(slot(piece, rank_), source, nbytes);
+  around_own(slot(piece, rank_), source);
   control_->publish(rank_, Stage::kWritten, piece);
-  // 2. reduce this rank's segment over the ranks' slots, in rank order
+  // 2. reduce this rank's segment over the ranks' copies, in rank order
   waiter.wait_all(Stage::kWritten, piece);
-  const std::int64_t begin = count * rank_ / size_, end = count * (rank_ + 1) / size_;
-  if (end > begin) {
-    dispatch_dtype(buffer.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      const auto at = [&](std::byte* area) { return reinterpret_cast<T*>(area) + begin; };
-      const auto n = static_cast<std::size_t>(end - begin);
-      T* out = at(result(piece));
+  if (own > 0) reduce_segment(buffer.dtype, source + head, piece, head, own / element, op);
+  control_->publish(rank_, Stage::kReduced, piece);
+  // 3. copy the peers' reduced segments out
+  waiter.wait_all(Stage::kReduced, piece);
+  around_own(source, result(piece));
+  control_->publish(rank_, Stage::kConsumed, piece);
+}
+
+void SharedMemoryGroup::reduce_segment(DType dtype, std::byte* mine, std::uint64_t piece,
+                                       std::size_t at, std::size_t n, ReduceOp op) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    // Block by block, so a block's partial sums and result stay in L1 from
+    // the first pass to the copy into the result area.
+    constexpr std::size_t kBlock = kReduceBlockBytes / sizeof(T);
+    for (std::size_t first = 0; first < n; first += kBlock) {
+      const std::size_t count = std::min(kBlock, n - first);
+      T* const out = reinterpret_cast<T*>(mine) + first;
+      // Rank r's copy of the block: this rank's own is `out` itself, read by
+      // the pass that adds it before the pass's result overwrites it (each
+      // pass goes element by element), so `out` can hold the partial sums.
+      const auto copy_of = [&](int r) -> const T* {
+        return r == rank_ ? out : reinterpret_cast<const T*>(slot(piece, r) + at) + first;
+      };
+      T* const partial = rank_ <= 1 ? out : reinterpret_cast<T*>(result(piece) + at) + first;
       for (int r = 1; r < size_; ++r) {  // (groups here have 2 ranks or more)
-        const T* sum = r == 1 ? at(slot(piece, 0)) : out;
-        if (op == ReduceOp::kAvg && r == size_ - 1) {
-          sum_then_divide<T>(out, sum, at(slot(piece, r)), n, size_);  // one pass fewer
+        const bool last = r == size_ - 1;
+        T* const into = last ? out : partial;
+        const T* const sum = r == 1 ? copy_of(0) : partial;
+        if (op == ReduceOp::kAvg && last) {
+          sum_then_divide<T>(into, sum, copy_of(r), count, size_);  // one pass fewer
         } else {
-          reduce_elements<T>(op, out, sum, at(slot(piece, r)), n);
+          reduce_elements<T>(op, into, sum, copy_of(r), count);
         }
       }
-    });
-  }
-  control_->publish(rank_, Stage::kReduced, piece);
-  // 3. copy the whole reduced piece out
-  waiter.wait_all(Stage::kReduced, piece);
-  std::memcpy(source, result(piece), nbytes);
-  control_->publish(rank_, Stage::kConsumed, piece);
+      std::memcpy(result(piece) + at + first * sizeof(T), out, count * sizeof(T));  // for the peers
+    }
+  });
 }
 
 template <typename Fill, typename Drain>

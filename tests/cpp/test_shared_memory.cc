@@ -106,32 +106,42 @@ TEST_CASE("shared-memory allgather and alltoall move the right bytes, in many pi
   }
 }
 
-TEST_CASE("shared-memory allreduce leaves identical bits on every rank") {
-  constexpr int kWorld = 3;
+TEST_CASE("shared-memory allreduce leaves identical bits on every rank: the rank-order sum") {
   constexpr std::int64_t kN = 100'003;  // not a multiple of the world size or of a piece
-  std::vector<std::vector<float>> results(kWorld);
-  run_ranks_with(kWorld, shared_memory_options(64 * 1024), [&](Communicator& comm) {
-    std::mt19937 random(static_cast<unsigned>(comm.rank()));
+  const auto inputs_of = [](int rank) {
+    std::mt19937 random(static_cast<unsigned>(rank));
     std::normal_distribution<float> normal;
     std::vector<float> data(kN);
     for (float& x : data) x = normal(random);
-    comm.allreduce(TensorView{data.data(), kN, DType::kFloat32, {}},
-                   TensorView{data.data(), kN, DType::kFloat32, {}}, ReduceOp::kAvg);
-    results[static_cast<std::size_t>(comm.rank())] = data;
-  });
-  for (int r = 1; r < kWorld; ++r) {
-    CHECK(std::memcmp(results[0].data(), results[r].data(), kN * sizeof(float)) == 0);
-  }
-  // and they are the average, summed in rank order
-  std::vector<std::vector<float>> inputs(kWorld, std::vector<float>(kN));
-  for (int r = 0; r < kWorld; ++r) {
-    std::mt19937 random(static_cast<unsigned>(r));
-    std::normal_distribution<float> normal;
-    for (float& x : inputs[r]) x = normal(random);
-  }
-  for (std::int64_t i = 0; i < kN; i += 997) {
-    const float expected = ((inputs[0][i] + inputs[1][i]) + inputs[2][i]) / 3.0f;
-    REQUIRE(results[0][i] == expected);
+    return data;
+  };
+  for (int world = 2; world <= 5; ++world) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      CAPTURE(world);
+      CAPTURE(to_string(op));
+      std::vector<std::vector<float>> results(world);
+      run_ranks_with(world, shared_memory_options(64 * 1024), [&](Communicator& comm) {
+        std::vector<float> data = inputs_of(comm.rank());
+        comm.allreduce(TensorView{data.data(), kN, DType::kFloat32, {}},
+                       TensorView{data.data(), kN, DType::kFloat32, {}}, op);
+        results[static_cast<std::size_t>(comm.rank())] = data;
+      });
+      for (int r = 1; r < world; ++r) {
+        CHECK(std::memcmp(results[0].data(), results[r].data(), kN * sizeof(float)) == 0);
+      }
+      // every element is the sum in rank order (each rank reduces its own
+      // segment with its copy read from its buffer), then the division
+      std::vector<std::vector<float>> inputs;
+      for (int r = 0; r < world; ++r) inputs.push_back(inputs_of(r));
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < kN; ++i) {
+        float expected = inputs[0][i];
+        for (int r = 1; r < world; ++r) expected += inputs[r][i];
+        if (op == ReduceOp::kAvg) expected /= static_cast<float>(world);
+        wrong += results[0][i] != expected;
+      }
+      CHECK(wrong == 0);
+    }
   }
 }
 
