@@ -4,7 +4,8 @@
 // Over loopback TCP an allreduce costs each rank several copies through the
 // kernel per byte plus socket wake-ups; with the buffers in one shared
 // segment it is three memory passes: copy in, reduce this rank's share of
-// every rank's copy, copy the reduced result out. This is what NCCL and MPI
+// every rank's copy, copy the reduced result out (the share itself skips
+// both copies, see Protocol). This is what NCCL and MPI
 // do inside a node; PyTorch's Gloo backend does not.
 //
 // Protocol. The buffer is cut into pieces of at most one slot. For piece p
