@@ -34,9 +34,9 @@ constexpr std::size_t kLine = 64;  // one cache line per rank's counters
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kNameBytes = 128;
 constexpr std::size_t kKeyBytes = 256;
-constexpr std::size_t kSegmentBudget = 64ULL << 20;   // all slots and results of one group
-constexpr std::chrono::milliseconds kSlice{100};      // how often a waiter checks its peers
-constexpr std::size_t kReduceBlockBytes = 16 * 1024;  // a block of the reduction, in L1
+constexpr std::size_t kSegmentBudget = 64ULL << 20;  // all slots and results of one group
+constexpr std::chrono::milliseconds kSlice{100};     // how often a waiter checks its peers
+constexpr std::size_t kReduceBlockBytes = std::size_t{16} << 10;  // a block of the reduction, in L1
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -58,7 +58,8 @@ std::string namespace_id(const char* kind) {
 // between 256 KiB and 4 MiB.
 std::size_t default_slot_bytes(int size) {
   const std::size_t share = kSegmentBudget / (2 * (static_cast<std::size_t>(size) + 1));
-  return std::clamp<std::size_t>(share / kPage * kPage, 256 * 1024, 4 << 20);
+  return std::clamp<std::size_t>(share / kPage * kPage, std::size_t{256} << 10,
+                                 std::size_t{4} << 20);
 }
 
 long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
@@ -282,6 +283,7 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
   };
   comm.allgather(as_view(send), as_view(recv));
   std::vector<std::string> out;
+  out.reserve(static_cast<std::size_t>(comm.size()));
   for (int r = 0; r < comm.size(); ++r) out.emplace_back(recv.data() + r * width);
   return out;
 }

@@ -120,18 +120,20 @@ TEST_CASE("shared-memory allreduce leaves identical bits on every rank: the rank
       CAPTURE(world);
       CAPTURE(to_string(op));
       std::vector<std::vector<float>> results(world);
-      run_ranks_with(world, shared_memory_options(64 * 1024), [&](Communicator& comm) {
+      run_ranks_with(world, shared_memory_options(std::size_t{64} << 10), [&](Communicator& comm) {
         std::vector<float> data = inputs_of(comm.rank());
         comm.allreduce(TensorView{data.data(), kN, DType::kFloat32, {}},
                        TensorView{data.data(), kN, DType::kFloat32, {}}, op);
         results[static_cast<std::size_t>(comm.rank())] = data;
       });
-      for (int r = 1; r < world; ++r) {
+      for (int r = 1; r < world; ++r) {  // the bits, not the values: -0.0 and NaNs count too
+        // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison)
         CHECK(std::memcmp(results[0].data(), results[r].data(), kN * sizeof(float)) == 0);
       }
       // every element is the sum in rank order (each rank reduces its own
       // segment with its copy read from its buffer), then the division
       std::vector<std::vector<float>> inputs;
+      inputs.reserve(static_cast<std::size_t>(world));
       for (int r = 0; r < world; ++r) inputs.push_back(inputs_of(r));
       std::int64_t wrong = 0;
       for (std::int64_t i = 0; i < kN; ++i) {
