@@ -42,7 +42,50 @@ def machine() -> dict:
             model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"host": platform.node(), "cpu_count": os.cpu_count(), "cpu": model}
+    return {"host": platform.node(), "cpu_count": os.cpu_count(), "cpu": model, "blas": blas_library()}
+
+
+def blas_library() -> dict:
+    """Which BLAS torch's matrix multiplies run in, and how fast one
+    wide_mlp layer's forward multiply (32 x 1024 by 1024 x 1024, one
+    thread) goes. On Debian, torch calls whichever libblas.so.3 the
+    alternatives system (or LD_LIBRARY_PATH) selects: the netlib reference
+    implementation is 10-20x slower than OpenBLAS there, which changes how
+    much of a step communication is. Workers inherit the environment, so
+    they load the same library."""
+    import ctypes
+    import time
+
+    try:
+        import torch
+    except ImportError:
+        return {"library": "unknown (no torch)"}
+    info = torch.__config__.show()
+    build = next((part.split("=", 1)[1] for part in info.replace(",", " ").split()
+                  if part.startswith("BLAS_INFO=")), "unknown")
+    library = f"linked into torch (BLAS_INFO={build})"
+    if build == "generic":  # torch calls sgemm_ from a shared library: find which
+        class DlInfo(ctypes.Structure):
+            _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                        ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+        torch.ones(4, 4) @ torch.ones(4, 4)  # the BLAS is loaded by now
+        with open("/proc/self/maps") as maps:
+            libtorch = next((line.split()[-1] for line in maps if "libtorch_cpu.so" in line), None)
+        if libtorch:  # look sgemm_ up the way libtorch's own calls resolve it
+            dl = DlInfo()
+            address = ctypes.cast(ctypes.CDLL(libtorch).sgemm_, ctypes.c_void_p)
+            if ctypes.CDLL("libc.so.6").dladdr(address, ctypes.byref(dl)):
+                library = os.path.realpath(dl.fname.decode())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    x, w = torch.randn(32, 1024), torch.randn(1024, 1024)
+    x @ w.t()
+    start = time.perf_counter()
+    for _ in range(5):
+        x @ w.t()
+    seconds = (time.perf_counter() - start) / 5
+    torch.set_num_threads(threads)
+    return {"library": library, "sgemm_gflops_1_thread": round(2 * 32 * 1024 * 1024 / seconds / 1e9, 1)}
 
 
 def timed_steps(model, opt, data, steps):

@@ -144,7 +144,10 @@ def ratios(repeats, world, model, kind):
 
 def print_table(report):
     repeats = report["repeats"]
-    print(f"\n{'model':9} {'world':>5} {'kind':>28} {'median ms':>9} {'p90 ms':>8} "
+    blas = report["machine"]["blas"]
+    print(f"\nBLAS: {blas['library']} ({blas.get('sgemm_gflops_1_thread', '?')} GFLOP/s on one "
+          "thread for a 32x1024 by 1024x1024 multiply)")
+    print(f"{'model':9} {'world':>5} {'kind':>28} {'median ms':>9} {'p90 ms':>8} "
           f"{'fwd':>6} {'bwd':>6} {'step':>6} {'x DDP':>6} {'range':>13}")
     for world, models in repeats[0].items():
         for model, r in models.items():

@@ -44,7 +44,7 @@ def test_bytegrad_gradients_within_the_quantization_bound(world_size, tmp_path):
             assert ops["name"] == "centralized_low_precision" and ops["bytes_sent"] > 0
 
 
-@pytest.mark.parametrize("world_size", [3, 4])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_low_precision_decentralized_matches_reference_and_ring_invariant(world_size, tmp_path):
     results = run_workers("low_precision_decentralized", world_size, tmp_path)
     lr = results[0]["lr"]

@@ -8,13 +8,13 @@
 // bit, to the replicas its destinations keep of it.
 //
 // A source or destination that is this rank itself (a ring of one) is served
-// from Q(d) without communication. Several messages to or from one peer (a
-// ring of two) match in the order listed. All sends and receives are posted
-// before any wait (Communicator::send_recv), each bounded by the
-// communicator's timeout; errors are rethrown prefixed with `where` (the op,
-// the bucket, the rank).
+// from Q(d) without communication. A peer listed twice (a ring of two) is
+// sent Q(d) once and its one message decodes into both of its replicas. All sends and receives are
+// posted before any wait (Communicator::send_recv), each bounded by the communicator's timeout;
+// errors are rethrown prefixed with `where` (the op, the bucket, the rank).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -53,12 +53,23 @@ inline void exchange_low_precision_difference(Compute& c, Communicator& comm,
   received.reserve(e.sources.size());
   std::vector<const std::byte*> decoded;
   std::vector<PeerMessage> sends, receives;
-  for (int d : e.destinations) {
-    if (d != comm.rank()) sends.push_back({mine_view, d});
+  // A peer listed twice (both neighbours of a ring of two) gets Q(d) once
+  // and sends once: the copies would carry the same bytes. Every rank
+  // dedupes alike, so the messages still match.
+  for (std::size_t k = 0; k < e.destinations.size(); ++k) {
+    const int d = e.destinations[k];
+    const auto first = std::find(e.destinations.begin(), e.destinations.end(), d);
+    if (d != comm.rank() && first == e.destinations.begin() + k) sends.push_back({mine_view, d});
   }
-  for (int s : e.sources) {
+  for (std::size_t k = 0; k < e.sources.size(); ++k) {
+    const int s = e.sources[k];
     if (s == comm.rank()) {
       decoded.push_back(mine_bytes);
+      continue;
+    }
+    const auto first = std::find(e.sources.begin(), e.sources.end(), s);
+    if (first != e.sources.begin() + k) {
+      decoded.push_back(decoded[static_cast<std::size_t>(first - e.sources.begin())]);
       continue;
     }
     received.push_back(c.scratch(bytes));
