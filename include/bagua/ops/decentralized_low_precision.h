@@ -81,7 +81,8 @@ class LowPrecisionDecentralizedOp final : public HierarchicalOp {
     const TensorView diff = c.view(diff_block, x.numel, DType::kFloat32);
     apply_low_precision_ring_diff(c, x, weight_, left_, right_, diff);
     // With one rank both neighbours are this rank; with two, both are the
-    // same peer, which exchanges one message (low_precision_exchange.h).
+    // same peer; with two or three, the neighbours are all the other ranks
+    // and one allgather carries the messages (low_precision_exchange.h).
     const int n = comm.size();
     const int neighbours[] = {(comm.rank() + n - 1) % n, (comm.rank() + 1) % n};
     const TensorView replicas[] = {left_, right_};
@@ -92,6 +93,7 @@ class LowPrecisionDecentralizedOp final : public HierarchicalOp {
                                        .sources = neighbours,
                                        .replicas = replicas,
                                        .destinations = neighbours,
+                                       .everyone_neighbours_everyone = n <= 3,
                                        .where = where},
                                       diff, weight_, x);
   }

@@ -9,7 +9,9 @@
 //
 // A source or destination that is this rank itself (a ring of one) is served
 // from Q(d) without communication. A peer listed twice (a ring of two) is
-// sent Q(d) once and its one message decodes into both of its replicas. All sends and receives are
+// sent Q(d) once and its one message decodes into both of its replicas.
+// Where every rank neighbours every other (a ring of two or three) one
+// allgather replaces the pairwise messages. All sends and receives are
 // posted before any wait (Communicator::send_recv), each bounded by the communicator's timeout;
 // errors are rethrown prefixed with `where` (the op, the bucket, the rank).
 #pragma once
@@ -36,8 +38,84 @@ struct LowPrecisionExchange {
   std::span<const int> sources;          // one replica each, in this order
   std::span<const TensorView> replicas;  // of the bucket's size and dtype
   std::span<const int> destinations;     // receive Q(d)
-  std::string_view where;                // for errors
+  // Every rank's sources and destinations are all the other ranks (a ring
+  // of two or three): one allgather then moves exactly the bytes of the
+  // pairwise messages, in one collective that shared memory carries. Must
+  // be the same on every rank, since the ranks then call a collective.
+  bool everyone_neighbours_everyone = false;
+  std::string_view where;  // for errors
 };
+
+namespace detail {
+
+// Runs `communicate` (the exchange's one communicator call), prefixing
+// errors with where the exchange was.
+template <typename Fn>
+void exchange_or_explain(std::string_view where, Fn&& communicate) {
+  try {
+    communicate();
+  } catch (const TimeoutError& error) {
+    throw TimeoutError(fmt::format("{}: a neighbour did not exchange within the timeout; {}", where,
+                                   error.what()));
+  } catch (const BackendError& error) {
+    throw BackendError(fmt::format("{}: {}", where, error.what()));
+  }
+}
+
+// Q(d) of every rank through one allgather; returns each source's bytes.
+inline std::vector<const std::byte*> allgather_messages(Compute& c, Communicator& comm,
+                                                        const LowPrecisionExchange& e,
+                                                        const TensorView& mine,
+                                                        CachingAllocator::Block& gathered) {
+  const auto bytes = static_cast<std::size_t>(mine.numel);
+  gathered = c.scratch(bytes * static_cast<std::size_t>(comm.size()));
+  const TensorView all = c.view(gathered, mine.numel * comm.size(), DType::kUInt8);
+  exchange_or_explain(e.where, [&] { comm.allgather(mine, all); });
+  std::vector<const std::byte*> decoded;
+  for (int s : e.sources) {
+    decoded.push_back(static_cast<const std::byte*>(gathered.data()) +
+                      static_cast<std::size_t>(s) * bytes);
+  }
+  return decoded;
+}
+
+// Q(d) to each destination and from each source, pairwise. A peer listed
+// twice (both neighbours of a ring of two) is sent Q(d) once and its one
+// message serves both of its replicas; every rank dedupes alike, so the
+// messages still match. Returns each source's bytes.
+inline std::vector<const std::byte*> exchange_messages(
+    Compute& c, Communicator& comm, const LowPrecisionExchange& e, const TensorView& mine,
+    std::vector<CachingAllocator::Block>& received) {
+  const auto first_of = [](std::span<const int> ranks, std::size_t k) {
+    return static_cast<std::size_t>(std::find(ranks.begin(), ranks.end(), ranks[k]) -
+                                    ranks.begin());
+  };
+  std::vector<PeerMessage> sends, receives;
+  for (std::size_t k = 0; k < e.destinations.size(); ++k) {
+    const int d = e.destinations[k];
+    if (d != comm.rank() && first_of(e.destinations, k) == k) sends.push_back({mine, d});
+  }
+  received.reserve(e.sources.size());
+  std::vector<const std::byte*> decoded;
+  for (std::size_t k = 0; k < e.sources.size(); ++k) {
+    const int s = e.sources[k];
+    if (s == comm.rank()) {
+      decoded.push_back(static_cast<const std::byte*>(mine.data));
+    } else if (const std::size_t first = first_of(e.sources, k); first != k) {
+      decoded.push_back(decoded[first]);
+    } else {
+      received.push_back(c.scratch(static_cast<std::size_t>(mine.numel)));
+      receives.push_back({c.view(received.back(), mine.numel, DType::kUInt8), s});
+      decoded.push_back(static_cast<const std::byte*>(received.back().data()));
+    }
+  }
+  if (!sends.empty() || !receives.empty()) {
+    exchange_or_explain(e.where, [&] { comm.send_recv(sends, receives); });
+  }
+  return decoded;
+}
+
+}  // namespace detail
 
 inline void exchange_low_precision_difference(Compute& c, Communicator& comm,
                                               const LowPrecisionExchange& e, const TensorView& diff,
@@ -49,44 +127,12 @@ inline void exchange_low_precision_difference(Compute& c, Communicator& comm,
   auto* mine_bytes = static_cast<std::byte*>(mine.data());
   c.compress(diff, e.chunk_elements, mine_bytes);
   const TensorView mine_view = c.view(mine, static_cast<std::int64_t>(bytes), DType::kUInt8);
+  CachingAllocator::Block gathered;
   std::vector<CachingAllocator::Block> received;
-  received.reserve(e.sources.size());
-  std::vector<const std::byte*> decoded;
-  std::vector<PeerMessage> sends, receives;
-  // A peer listed twice (both neighbours of a ring of two) gets Q(d) once
-  // and sends once: the copies would carry the same bytes. Every rank
-  // dedupes alike, so the messages still match.
-  for (std::size_t k = 0; k < e.destinations.size(); ++k) {
-    const int d = e.destinations[k];
-    const auto first = std::find(e.destinations.begin(), e.destinations.end(), d);
-    if (d != comm.rank() && first == e.destinations.begin() + k) sends.push_back({mine_view, d});
-  }
-  for (std::size_t k = 0; k < e.sources.size(); ++k) {
-    const int s = e.sources[k];
-    if (s == comm.rank()) {
-      decoded.push_back(mine_bytes);
-      continue;
-    }
-    const auto first = std::find(e.sources.begin(), e.sources.end(), s);
-    if (first != e.sources.begin() + k) {
-      decoded.push_back(decoded[static_cast<std::size_t>(first - e.sources.begin())]);
-      continue;
-    }
-    received.push_back(c.scratch(bytes));
-    receives.push_back(
-        {c.view(received.back(), static_cast<std::int64_t>(bytes), DType::kUInt8), s});
-    decoded.push_back(static_cast<const std::byte*>(received.back().data()));
-  }
-  if (!sends.empty() || !receives.empty()) {
-    try {
-      comm.send_recv(sends, receives);
-    } catch (const TimeoutError& error) {
-      throw TimeoutError(fmt::format("{}: a neighbour did not exchange within the timeout; {}",
-                                     e.where, error.what()));
-    } catch (const BackendError& error) {
-      throw BackendError(fmt::format("{}: {}", e.where, error.what()));
-    }
-  }
+  const std::vector<const std::byte*> decoded =
+      e.everyone_neighbours_everyone && comm.size() > 1
+          ? detail::allgather_messages(c, comm, e, mine_view, gathered)
+          : detail::exchange_messages(c, comm, e, mine_view, received);
   for (std::size_t k = 0; k < decoded.size(); ++k) {
     c.decompress(decoded[k], e.chunk_elements, e.replicas[k], true);
   }
