@@ -73,8 +73,11 @@ def blas_library() -> dict:
             libtorch = next((line.split()[-1] for line in maps if "libtorch_cpu.so" in line), None)
         if libtorch:  # look sgemm_ up the way libtorch's own calls resolve it
             dl = DlInfo()
-            address = ctypes.cast(ctypes.CDLL(libtorch).sgemm_, ctypes.c_void_p)
-            if ctypes.CDLL("libc.so.6").dladdr(address, ctypes.byref(dl)):
+            try:
+                address = ctypes.cast(ctypes.CDLL(libtorch).sgemm_, ctypes.c_void_p)
+            except AttributeError:  # no sgemm_ in torch's scope: leave the build's name
+                address = None
+            if address and ctypes.CDLL("libc.so.6").dladdr(address, ctypes.byref(dl)):
                 library = os.path.realpath(dl.fname.decode())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

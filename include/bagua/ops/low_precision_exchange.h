@@ -8,15 +8,16 @@
 // bit, to the replicas its destinations keep of it.
 //
 // A source or destination that is this rank itself (a ring of one) is served
-// from Q(d) without communication. A peer listed twice (a ring of two) is
-// sent Q(d) once and its one message decodes into both of its replicas.
-// Where every rank neighbours every other (a ring of two or three) one
-// allgather replaces the pairwise messages. All sends and receives are
-// posted before any wait (Communicator::send_recv), each bounded by the communicator's timeout;
-// errors are rethrown prefixed with `where` (the op, the bucket, the rank).
+// from Q(d) without communication. Where every rank neighbours every other
+// (a ring of two or three) one allgather replaces the pairwise messages: each
+// rank's message reaches each other rank once, on shared memory when the
+// ranks share a host (a ring of two thus sends its one peer the message once,
+// not once per neighbour). Otherwise all sends and receives are posted before
+// any wait (Communicator::send_recv), each bounded by the communicator's
+// timeout. Errors are rethrown prefixed with `where` (the op, the bucket, the
+// rank).
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -39,9 +40,9 @@ struct LowPrecisionExchange {
   std::span<const TensorView> replicas;  // of the bucket's size and dtype
   std::span<const int> destinations;     // receive Q(d)
   // Every rank's sources and destinations are all the other ranks (a ring
-  // of two or three): one allgather then moves exactly the bytes of the
-  // pairwise messages, in one collective that shared memory carries. Must
-  // be the same on every rank, since the ranks then call a collective.
+  // of two or three): one allgather then carries each rank's message to
+  // each other rank once, in one collective that shared memory carries.
+  // Must be the same on every rank, since the ranks then call a collective.
   bool everyone_neighbours_everyone = false;
   std::string_view where;  // for errors
 };
@@ -79,35 +80,26 @@ inline std::vector<const std::byte*> allgather_messages(Compute& c, Communicator
   return decoded;
 }
 
-// Q(d) to each destination and from each source, pairwise. A peer listed
-// twice (both neighbours of a ring of two) is sent Q(d) once and its one
-// message serves both of its replicas; every rank dedupes alike, so the
-// messages still match. Returns each source's bytes.
+// Q(d) to each destination and from each source, pairwise; several
+// messages to or from one peer match in the order listed. Returns each
+// source's bytes.
 inline std::vector<const std::byte*> exchange_messages(
     Compute& c, Communicator& comm, const LowPrecisionExchange& e, const TensorView& mine,
     std::vector<CachingAllocator::Block>& received) {
-  const auto first_of = [](std::span<const int> ranks, std::size_t k) {
-    return static_cast<std::size_t>(std::find(ranks.begin(), ranks.end(), ranks[k]) -
-                                    ranks.begin());
-  };
   std::vector<PeerMessage> sends, receives;
-  for (std::size_t k = 0; k < e.destinations.size(); ++k) {
-    const int d = e.destinations[k];
-    if (d != comm.rank() && first_of(e.destinations, k) == k) sends.push_back({mine, d});
+  for (int d : e.destinations) {
+    if (d != comm.rank()) sends.push_back({mine, d});
   }
   received.reserve(e.sources.size());
   std::vector<const std::byte*> decoded;
-  for (std::size_t k = 0; k < e.sources.size(); ++k) {
-    const int s = e.sources[k];
+  for (int s : e.sources) {
     if (s == comm.rank()) {
       decoded.push_back(static_cast<const std::byte*>(mine.data));
-    } else if (const std::size_t first = first_of(e.sources, k); first != k) {
-      decoded.push_back(decoded[first]);
-    } else {
-      received.push_back(c.scratch(static_cast<std::size_t>(mine.numel)));
-      receives.push_back({c.view(received.back(), mine.numel, DType::kUInt8), s});
-      decoded.push_back(static_cast<const std::byte*>(received.back().data()));
+      continue;
     }
+    received.push_back(c.scratch(static_cast<std::size_t>(mine.numel)));
+    receives.push_back({c.view(received.back(), mine.numel, DType::kUInt8), s});
+    decoded.push_back(static_cast<const std::byte*>(received.back().data()));
   }
   if (!sends.empty() || !receives.empty()) {
     exchange_or_explain(e.where, [&] { comm.send_recv(sends, receives); });
