@@ -18,10 +18,11 @@ from typing import Callable, ContextManager, List, Sequence, Tuple
 import torch
 
 from bagua.torch_api import InvalidArgumentError
+from bagua.torch_api.algorithms.registry import GlobalAlgorithmRegistry
 from bagua.torch_api.bucket import BaguaBucket
 from bagua.torch_api.tensor import BaguaTensor
 
-__all__ = ["Algorithm", "AlgorithmImpl"]
+__all__ = ["Algorithm", "AlgorithmImpl", "GlobalAlgorithmRegistry"]
 
 
 # -- argument checks (in Algorithm constructors, before training starts) ---
@@ -81,7 +82,24 @@ class Algorithm:
 
     @classmethod
     def init(cls, *args, **kwargs) -> "Algorithm":
-        """Bagua's spelling of the constructor, kept for old scripts."""
+        """Builds an algorithm, as Bagua's ``Algorithm.init``:
+
+        - ``Algorithm.init("bytegrad", hierarchical=False)``: the algorithm
+          registered under that name (``GlobalAlgorithmRegistry``), built
+          with the keyword arguments; an unknown name raises KeyError listing
+          the registered ones;
+        - ``ByteGradAlgorithm.init(hierarchical=False)``: the class's own
+          constructor (the older spelling, kept for old scripts).
+        """
+        if args and isinstance(args[0], str):
+            name, rest = args[0], args[1:]
+            if rest:
+                raise TypeError(f"Algorithm.init({name!r}, ...): pass the algorithm's arguments by keyword, "
+                                f"got {len(rest)} positional")
+            return GlobalAlgorithmRegistry.get(name)(**kwargs)
+        if cls is Algorithm:
+            raise TypeError("Algorithm.init(name, **kwargs) needs the name of a registered algorithm; "
+                            f"{GlobalAlgorithmRegistry}")
         return cls(*args, **kwargs)
 
 

@@ -35,9 +35,10 @@ class BaguaModule:
         ``autotune``: tune the bucket size during training (default:
         BAGUA_AUTOTUNE). See docs/execution_optimizer.md.
 
-        ``algorithm="auto"``: ``AutoAlgorithm()``, which measures the network
-        and the step and runs the algorithm predicted fastest
-        (docs/auto.md).
+        ``algorithm`` may be a registered name (``GlobalAlgorithmRegistry``),
+        built with its defaults: e.g. ``"bytegrad"``, or ``"auto"``
+        (``AutoAlgorithm()``, which measures the network and the step and
+        runs the algorithm predicted fastest, docs/auto.md).
 
         Called on a module already wrapped, it switches to ``algorithm``: the
         previous algorithm is stopped (its background threads too) and
@@ -47,9 +48,9 @@ class BaguaModule:
         if not is_initialized():
             raise RuntimeError(
                 "with_bagua needs bagua's process group: call bagua.torch_api.init_process_group() first")
-        if isinstance(algorithm, str) and algorithm == "auto":
-            from bagua.torch_api.algorithms.auto import AutoAlgorithm  # the algorithms import this package
-            algorithm = AutoAlgorithm()
+        if isinstance(algorithm, str):
+            from bagua.torch_api.algorithms import Algorithm  # the algorithms import this package
+            algorithm = Algorithm.init(algorithm)
         previous = getattr(self, "bagua_ddp", None)
         if previous is not None:
             # Switching algorithm (Bagua's test_model_switch): bad arguments
