@@ -49,6 +49,13 @@ def _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune) ->
     return list(optimizers)
 
 
+def _uncompiled_name(name: str) -> str:
+    """A parameter's name without torch.compile's ``_orig_mod.`` prefixes, so
+    a compiled module's tensors are named (in buckets, checkpoints, seeds)
+    as the module's own."""
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
+
+
 class BaguaDistributedDataParallel:
     """The engine behind a wrapped module (``model.bagua_ddp``)."""
 
@@ -124,7 +131,7 @@ class BaguaDistributedDataParallel:
         for name, param in self.module.named_parameters():
             if param.requires_grad and id(param) not in seen and getattr(param, "allreduce", True) is not False:
                 seen.add(id(param))
-                params.append((name, param))
+                params.append((_uncompiled_name(name), param))
         return params
 
     def bagua_tensor_by_name(self, name: str) -> Optional[BaguaTensor]:

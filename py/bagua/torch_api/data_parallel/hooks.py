@@ -29,6 +29,8 @@ import weakref
 
 import torch
 
+from bagua.torch_api.data_parallel.compiled import GraphSplitHint, eager
+
 
 class _Phases:
     """Spans of the training phases on the timeline; nothing without one."""
@@ -70,6 +72,8 @@ class StepHooks:
         self._deferred_grads = []
         self._callback_queued = False
         self._sync_backward = True  # whether the last training forward ran outside no_sync()
+        # Under torch.compile: the forward cut into graphs of about a bucket each.
+        self.graph_split = GraphSplitHint(ddp.bucket_bytes)
         self.bind_algorithm()
         self._install()
 
@@ -86,8 +90,9 @@ class StepHooks:
     def _install(self) -> None:
         ref = weakref.ref(self)
         module = self.ddp.module
-        self._handles.append(module.register_forward_pre_hook(_weak_call(ref, "on_forward")))
-        self._handles.append(module.register_forward_hook(_weak_call(ref, "on_forward_end")))
+        # The forward hooks run eagerly under torch.compile (see .compiled).
+        self._handles.append(module.register_forward_pre_hook(eager(_weak_call(ref, "on_forward"))))
+        self._handles.append(module.register_forward_hook(eager(_weak_call(ref, "on_forward_end"))))
         for name, param in self.ddp.bagua_build_params():
             hook = _weak_call(ref, "on_grad_ready", name, param)
             if hasattr(param, "register_post_accumulate_grad_hook"):  # PyTorch >= 2.1
@@ -136,8 +141,12 @@ class StepHooks:
         self.ddp._prepare_step()
         self.phases.begin("forward")
         self.forward_pre_hook(inputs)
+        if self.ddp.overlap:
+            self.graph_split.bucket_bytes = self.ddp.bucket_bytes
+            self.graph_split.enter()
 
     def on_forward_end(self, module, inputs, output) -> None:
+        self.graph_split.leave()
         if not self._communicates(module):
             self.inference_post_hook(output)
             return
@@ -156,6 +165,7 @@ class StepHooks:
             self._deferred_grads.append((name, param))
 
     def on_backward_end(self) -> None:
+        self.graph_split.leave()  # in case the forward raised before its end hook
         self._callback_queued = False
         deferred, self._deferred_grads = self._deferred_grads, []
         for name, param in deferred:
@@ -169,6 +179,7 @@ class StepHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.graph_split.leave()
         for optimizer, step, active, previous in self._wrapped_steps:
             active[0] = False  # a wrapper put over ours (a scheduler's) now calls straight through
             if getattr(optimizer.__dict__.get("step"), "__func__", None) is step:

@@ -58,7 +58,7 @@ class BaguaModule:
             # first (its hooks, its background threads, its backend).
             _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune)
             previous.remove()
-            self.bagua_ddp = None
+            self.__dict__["bagua_ddp"] = None
         try:
             ddp = BaguaDistributedDataParallel(self, optimizers, algorithm, process_group, do_flatten,
                                                overlap=overlap, autotune=autotune)
@@ -66,9 +66,11 @@ class BaguaModule:
             if previous is not None:  # unwrapped now, not half-wrapped
                 self._bagua_restore_class()
             raise
-        self.bagua_ddp = ddp
+        # Into this object's own __dict__: a compiled module (torch.compile's
+        # OptimizedModule) forwards attribute writes to the module it compiled.
+        self.__dict__["bagua_ddp"] = ddp
         if "_bagua_original_class" not in self.__dict__:
-            self._bagua_original_class = type(self)
+            self.__dict__["_bagua_original_class"] = type(self)
             self.__class__ = _bagua_class(type(self))
         return self
 
@@ -80,7 +82,7 @@ class BaguaModule:
         if ddp is None:
             return self
         ddp.remove()
-        self.bagua_ddp = None
+        self.__dict__["bagua_ddp"] = None
         self._bagua_restore_class()
         return self
 
