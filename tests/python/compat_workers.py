@@ -391,7 +391,7 @@ def scenario_ddp(out_dir):
     model, _ = _model_and_optimizer("sgd")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fallback = DistributedDataParallel(model, broadcast_buffers=False)
+        fallback = DistributedDataParallel(model, check_reduction=True)
     results["fallback"] = ((type(fallback).__name__, any("fallback" in str(w.message) for w in caught)),
                            ("DistributedDataParallel", True))
     results["fallback/is_torch"] = (isinstance(fallback, torch.nn.parallel.DistributedDataParallel), True)

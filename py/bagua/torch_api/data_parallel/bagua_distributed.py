@@ -18,6 +18,7 @@ from bagua.torch_api import autotune as autotune_module
 from bagua.torch_api import timeline
 from bagua.torch_api._core import InvalidArgumentError, core, log
 from bagua.torch_api.data_parallel import planning
+from bagua.torch_api.data_parallel.buffers import BufferSync
 from bagua.torch_api.data_parallel.hooks import StepHooks
 from bagua.torch_api.data_parallel.state import broadcast_states, check_same_model, check_trainable
 from bagua.torch_api.process_group import BaguaProcessGroup, _get_default_group
@@ -28,7 +29,7 @@ __all__ = ["BaguaDistributedDataParallel"]
 _module_ids = itertools.count()
 
 
-def _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune) -> list:
+def _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune, broadcast_buffers=True) -> list:
     """with_bagua's arguments checked before anything communicates; returns
     the optimizers as a list."""
     from bagua.torch_api.algorithms import Algorithm  # the algorithms import the engine's package
@@ -41,7 +42,7 @@ def _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune) ->
     if not isinstance(optimizers, (list, tuple)) or not all(
             isinstance(o, torch.optim.Optimizer) for o in optimizers):
         raise InvalidArgumentError("with_bagua: optimizers must be a list of torch.optim.Optimizer")
-    for name, value in (("do_flatten", do_flatten), ("overlap", overlap)):
+    for name, value in (("do_flatten", do_flatten), ("overlap", overlap), ("broadcast_buffers", broadcast_buffers)):
         if not isinstance(value, bool):
             raise InvalidArgumentError(f"with_bagua: {name} must be a bool, got {value!r}")
     if autotune is not None and not isinstance(autotune, bool):
@@ -64,8 +65,9 @@ class BaguaDistributedDataParallel:
     require_backward_grad_sync = True
 
     def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group, do_flatten: bool,
-                 overlap: bool = True, autotune: Optional[bool] = None):
-        self.optimizers = _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune)
+                 overlap: bool = True, autotune: Optional[bool] = None, broadcast_buffers: bool = True):
+        self.optimizers = _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune,
+                                              broadcast_buffers)
         self.overlap = overlap
         self.module = module
         self.bagua_algorithm = algorithm
@@ -73,6 +75,7 @@ class BaguaDistributedDataParallel:
         self.do_flatten = do_flatten
         self.bagua_module_name = f"{type(module).__name__}_{next(_module_ids)}"
         self.bucket_bytes = core.env().default_bucket_size
+        self.buffer_sync = BufferSync(module, self.process_group, broadcast_buffers)
 
         if not self.process_group.is_member():
             self._init_outside_the_group()

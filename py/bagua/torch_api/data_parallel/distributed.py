@@ -7,7 +7,7 @@
                                                       algorithm=GradientAllReduceAlgorithm())
 
 Arguments bagua does not implement (``device_ids``, ``output_device``,
-``dim != 0``, ``broadcast_buffers=False``, ``check_reduction``) make the
+``dim != 0``, ``check_reduction``) make the
 function fall back to ``torch.nn.parallel.DistributedDataParallel`` with a
 warning, as Bagua does. ``wrapper.inner`` is the engine, with Bagua's
 ``bagua_build_params()``, ``bagua_module_name``, ``bagua_optimizers``,
@@ -69,7 +69,7 @@ class _DistributedDataParallelEngine(BaguaDistributedDataParallel):
 
     def __init__(self, module: Module, optimizers, algorithm, process_group: BaguaProcessGroup,
                  bagua_module_name: Optional[str] = None, gradient_as_bucket_view: bool = True,
-                 find_unused_parameters: bool = False):
+                 find_unused_parameters: bool = False, broadcast_buffers: bool = True):
         self._requested_module_name = bagua_module_name
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.find_unused_parameters = find_unused_parameters
@@ -81,7 +81,8 @@ class _DistributedDataParallelEngine(BaguaDistributedDataParallel):
         self.parameters_to_ignore = list(getattr(module, "_bagua_params_and_buffers_to_ignore", [])) + list(
             getattr(module, "_ddp_params_and_buffers_to_ignore", []))
         self._engine_planning = True
-        super().__init__(module, list(optimizers), algorithm, process_group, do_flatten=gradient_as_bucket_view)
+        super().__init__(module, list(optimizers), algorithm, process_group, do_flatten=gradient_as_bucket_view,
+                         broadcast_buffers=broadcast_buffers)
         self._engine_planning = False
         self._gate_gradient_hooks()
         ref = weakref.ref(self)
@@ -202,8 +203,6 @@ class DistributedDataParallel_V1_9_0(DistributedDataParallel_V1_9_0_Interface):
         if len(device_types) != 1:
             raise ValueError("DistributedDataParallel's input module must be on the same type of devices, "
                              f"but input module parameters locate in {device_types}.")
-        if not broadcast_buffers:
-            raise InvalidArgumentError("broadcast_buffers=False is not supported yet")
         if algorithm is None:
             from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
 
@@ -222,7 +221,7 @@ class DistributedDataParallel_V1_9_0(DistributedDataParallel_V1_9_0_Interface):
         self.inner = _DistributedDataParallelEngine(
             module, optimizers or [], algorithm, process_group=to_bagua_process_group(process_group),
             bagua_module_name=module._bagua_module_name, gradient_as_bucket_view=gradient_as_bucket_view,
-            find_unused_parameters=find_unused_parameters)
+            find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers)
         module._bagua_data_parallel_engine = weakref.ref(self.inner)
 
     def forward(self, *inputs, **kwargs):
@@ -279,12 +278,13 @@ def DistributedDataParallel(module: Module, device_ids: Optional[List[Union[int,
     changes what ``inner.bagua_build_params()`` reports after a backward:
     parameters without a gradient are always communicated as zeros.
     ``bucket_cap_mb`` is not used (BAGUA_DEFAULT_BUCKET_SIZE sets the bucket
-    size). With ``device_ids``, ``output_device``, ``dim != 0``,
-    ``broadcast_buffers=False`` or ``check_reduction``, this returns
+    size). ``broadcast_buffers`` as DDP's: rank 0's buffers broadcast before
+    each training forward (for algorithms whose ranks share weights; see
+    ``data_parallel.buffers``). With ``device_ids``, ``output_device``,
+    ``dim != 0`` or ``check_reduction``, this returns
     ``torch.nn.parallel.DistributedDataParallel`` instead, with a warning.
     """
-    supported = [device_ids is None, output_device is None, dim == 0, broadcast_buffers is True,
-                 check_reduction is False]
+    supported = [device_ids is None, output_device is None, dim == 0, check_reduction is False]
     if not all(supported):
         warnings.warn("Some parameters passed into BaguaDistributedDataParallel have not been supported yet. "
                       "Bagua has automatically fallback to upstream PyTorch DistributedDataParallel "

@@ -72,6 +72,7 @@ class StepHooks:
         self._deferred_grads = []
         self._callback_queued = False
         self._sync_backward = True  # whether the last training forward ran outside no_sync()
+        self._step_open = False  # a training forward ran, its backward has not ended yet
         # Under torch.compile: the forward cut into graphs of about a bucket each.
         self.graph_split = GraphSplitHint(ddp.bucket_bytes)
         self.bind_algorithm()
@@ -119,6 +120,7 @@ class StepHooks:
                 hooks.phases.begin("optimizer_step")
             result = original(*args, **kwargs)
             if hooks is not None:
+                hooks._step_open = False  # a forward whose backward never ran ends with the step
                 hooks.post_step_hook(opt)
                 hooks.phases.end("optimizer_step")
             return result
@@ -133,14 +135,20 @@ class StepHooks:
         return torch.is_grad_enabled() and module.training and self.ddp.require_backward_grad_sync
 
     def on_forward(self, module, inputs) -> None:
-        if torch.is_grad_enabled() and module.training:  # its backward follows (DDP reads no_sync here too)
+        training = torch.is_grad_enabled() and module.training
+        if training:  # its backward follows (DDP reads no_sync here too)
             self._sync_backward = self.ddp.require_backward_grad_sync
+        self.ddp.buffer_sync.before_forward(training, self.ddp.bagua_algorithm_impl)
         if not self._communicates(module):
             self.inference_pre_hook(inputs)
             return
-        self.ddp._prepare_step()
-        self.phases.begin("forward")
-        self.forward_pre_hook(inputs)
+        if not self._step_open:  # the first training forward of this step
+            self._step_open = True
+            self.ddp._prepare_step()
+            self.phases.begin("forward")
+            self.forward_pre_hook(inputs)
+        # else: another forward before this step's backward (a siamese
+        # loss): the step was prepared once, as DDP counts one iteration.
         if self.ddp.overlap:
             self.graph_split.bucket_bytes = self.ddp.bucket_bytes
             self.graph_split.enter()
@@ -166,6 +174,7 @@ class StepHooks:
 
     def on_backward_end(self) -> None:
         self.graph_split.leave()  # in case the forward raised before its end hook
+        self._step_open = False
         self._callback_queued = False
         deferred, self._deferred_grads = self._deferred_grads, []
         for name, param in deferred:

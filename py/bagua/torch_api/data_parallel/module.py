@@ -27,13 +27,17 @@ class BaguaModule:
     """
 
     def with_bagua(self, optimizers, algorithm, process_group=None, do_flatten: bool = True, *,
-                   overlap: bool = True, autotune: Optional[bool] = None):
+                   overlap: bool = True, autotune: Optional[bool] = None, broadcast_buffers: bool = True):
         """Wraps this module for distributed training with ``algorithm``.
 
         ``do_flatten``: buckets in one contiguous buffer each (fusion).
         ``overlap``: communicate while backward runs (True) or after it.
         ``autotune``: tune the bucket size during training (default:
         BAGUA_AUTOTUNE). See docs/execution_optimizer.md.
+        ``broadcast_buffers``: as DDP's, rank 0's buffers (BatchNorm's
+        running statistics) broadcast before each training forward, for
+        the algorithms whose ranks share their weights (see
+        :mod:`.buffers`); False keeps each rank's own.
 
         ``algorithm`` may be a registered name (``GlobalAlgorithmRegistry``),
         built with its defaults: e.g. ``"bytegrad"``, or ``"auto"``
@@ -56,12 +60,13 @@ class BaguaModule:
             # Switching algorithm (Bagua's test_model_switch): bad arguments
             # leave the current wrapping alone; otherwise the old engine goes
             # first (its hooks, its background threads, its backend).
-            _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune)
+            _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune, broadcast_buffers)
             previous.remove()
             self.__dict__["bagua_ddp"] = None
         try:
             ddp = BaguaDistributedDataParallel(self, optimizers, algorithm, process_group, do_flatten,
-                                               overlap=overlap, autotune=autotune)
+                                               overlap=overlap, autotune=autotune,
+                                               broadcast_buffers=broadcast_buffers)
         except BaseException:
             if previous is not None:  # unwrapped now, not half-wrapped
                 self._bagua_restore_class()
