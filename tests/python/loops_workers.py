@@ -45,6 +45,40 @@ class Blocks(torch.nn.Module):
         return self.out(x)
 
 
+class TiedTransformer(torch.nn.Module):
+    """A language model whose output layer is its embedding (tied weights:
+    one parameter used twice)."""
+
+    def __init__(self, vocabulary=40, width=32):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocabulary, width)
+        self.encoder = torch.nn.TransformerEncoderLayer(width, 2, dim_feedforward=64, dropout=0.0, batch_first=True)
+
+    def forward(self, tokens):
+        return self.encoder(self.embedding(tokens)) @ self.embedding.weight.t()
+
+
+def run_tied(kind, wrap, rank, steps=6):
+    """AdamW with clip_grad_norm_ between backward and step (and CPU bf16
+    autocast for "tied_clip_bf16"): the weights after ``steps`` steps."""
+    torch.manual_seed(3)
+    model = TiedTransformer()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    wrapped = wrap(model, opt)
+    g = torch.Generator().manual_seed(200 + rank)
+    for _ in range(steps):
+        tokens = torch.randint(0, 40, (4, 10), generator=g)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=kind == "tied_clip_bf16"):
+            logits = wrapped(tokens[:, :-1])
+        F.cross_entropy(logits.float().reshape(-1, 40), tokens[:, 1:].reshape(-1)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+    engine = getattr(model, "bagua_ddp", None) or getattr(wrapped, "inner", None)
+    return {"weights": [p.detach().clone() for p in model.parameters()],
+            "steps": engine.step_counter if engine is not None else None}
+
+
 def data(rank, steps=6, batch=8):
     g = torch.Generator().manual_seed(100 + rank)
     return [(torch.randn(batch, 12, generator=g), torch.randn(batch, 12, generator=g),
@@ -64,6 +98,8 @@ def loop_step(kind, model, opt, x1, x2, y):
 def run(kind, wrap, rank):
     """Six steps of ``kind`` with the module wrapped by ``wrap``; the
     weights after them, or the error that stopped it."""
+    if kind.startswith("tied_clip"):
+        return run_tied(kind, wrap, rank)
     torch.manual_seed(3)
     model = Blocks(kind)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)

@@ -9,15 +9,16 @@ from launcher import run_workers
 
 SCRIPT = __import__("pathlib").Path(__file__).with_name("loops_workers.py")
 LOOPS = ["checkpoint_reentrant", "checkpoint", "siamese", "param_twice", "frozen", "set_to_none"]
+BIT_EXACT = ["tied_clip", "tied_clip_bf16"]  # equal to DDP bit for bit, and must stay so
 SYNCHRONOUS = ["gradient_allreduce", "bytegrad", "qadam", "powersgd"]
 LOCAL_BUFFERS = ["decentralized", "low_precision_decentralized", "async", "partial_allreduce"]
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_loops_equal_ddp(world_size, tmp_path):
-    results = run_workers("loops", world_size, tmp_path, script=SCRIPT, args=(",".join(LOOPS),))
+    results = run_workers("loops", world_size, tmp_path, script=SCRIPT, args=(",".join(LOOPS + BIT_EXACT),))
     for rank, result in enumerate(results):
-        for kind in LOOPS:
+        for kind in LOOPS + BIT_EXACT:
             ddp = result[f"{kind}/ddp"]
             for ours in ("with_bagua", "bagua_ddp"):
                 mine = result[f"{kind}/{ours}"]
@@ -27,7 +28,11 @@ def test_loops_equal_ddp(world_size, tmp_path):
                 assert "error" not in mine, f"rank {rank} {kind} {ours}: {mine.get('error')}"
                 assert mine["steps"] == 6, f"rank {rank} {kind} {ours}: {mine['steps']} steps counted for 6"
                 for a, b in zip(mine["weights"], ddp["weights"]):
-                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {kind} {ours}")
+                    # bit for bit at 2 ranks; at 3 the sum's order differs from Gloo's ring
+                    if kind in BIT_EXACT and world_size == 2:
+                        assert torch.equal(a, b), f"rank {rank} {kind} {ours}: not DDP's bits"
+                    else:
+                        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {kind} {ours}")
 
 
 def test_buffers_broadcast_as_ddp(tmp_path):
