@@ -17,7 +17,7 @@ from typing import Callable, ContextManager, List, Sequence, Tuple
 
 import torch
 
-from bagua.torch_api import InvalidArgumentError
+from bagua.torch_api._core import InvalidArgumentError
 from bagua.torch_api.algorithms.registry import GlobalAlgorithmRegistry
 from bagua.torch_api.bucket import BaguaBucket
 from bagua.torch_api.tensor import BaguaTensor

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 import bagua.torch_api as bagua
-from bagua.bluefog import _fusion, topology_util
+from bagua.bluefog import _fusion, _timeline, topology_util
 from bagua.torch_api._core import core, log, tensor_view
 
 _NOT_INITIALIZED = "BlueFog has not been initialized; use bf.init()."
@@ -135,7 +135,6 @@ def init(topology_fn=None, is_weighted: bool = False) -> None:
         if not bagua.is_initialized():
             bagua.init_process_group()
         _state = _State()
-        from bagua.bluefog import _timeline
         _timeline.setup(_state.comm.rank)
     topology = topology_fn(size()) if topology_fn is not None else None
     if not set_topology(topology, is_weighted):
@@ -147,8 +146,9 @@ def shutdown() -> None:
     """Stops BlueFog's worker thread; idempotent. bagua's process group stays."""
     global _state
     if _state is not None:
-        from bagua.bluefog import _windows
-        _windows.close()
+        if _state.windows is not None:  # the window service (_windows), if one was created
+            _state.windows.close()
+            _state.windows = None
         _state.worker.shutdown(wait=True)
         _state = None
 
@@ -227,9 +227,16 @@ def _digest(topology: Optional[nx.DiGraph], is_weighted: bool) -> int:
 
 
 def _agree(value: int) -> List[int]:
-    """Every rank's ``value`` (an allgather on BlueFog's communicator)."""
-    from bagua.bluefog import _collectives
-    return _collectives.allgather(torch.tensor([value], dtype=torch.int64)).tolist()
+    """Every rank's ``value``: an allgather on BlueFog's communicator, run
+    on its worker thread in issue order like every BlueFog call."""
+    st = state()
+    gathered = torch.empty(st.comm.size, dtype=torch.int64)
+    future = st.worker.submit(_timeline.traced(
+        lambda: bagua.allgather(torch.tensor([value], dtype=torch.int64), gathered, comm=st.comm),
+        "ALLGATHER", None))
+    with st.worker.waiting():  # the worker stops waiting for more calls to fuse
+        future.result(timeout=core.env().comm_timeout_s + 60)
+    return gathered.tolist()
 
 
 def _topology_error(topology, n: int) -> Optional[TypeError]:

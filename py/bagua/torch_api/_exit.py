@@ -17,9 +17,15 @@ import weakref
 
 import torch.distributed as dist
 
+from bagua.torch_api._core import log
+
 _engines = weakref.WeakSet()
 _created_torch_group = False
 _installed = False
+# Given by the process group module when it installs this handler (it sits
+# above this module, which therefore never imports it).
+_release_default_group = None
+_store_connection_cutter = None
 
 
 def track_engine(engine) -> None:
@@ -33,8 +39,14 @@ def created_torch_group() -> None:
     _created_torch_group = True
 
 
-def install() -> None:
-    global _installed
+def install(release_default_group, store_connection_cutter) -> None:
+    """Registers :func:`shutdown` at exit. ``release_default_group()``
+    drops bagua's default process group; ``store_connection_cutter(address,
+    port, seconds)`` is a context that cuts the connections to the store
+    at ``address:port`` after ``seconds`` (see
+    :func:`_destroy_torch_group_bounded`)."""
+    global _installed, _release_default_group, _store_connection_cutter
+    _release_default_group, _store_connection_cutter = release_default_group, store_connection_cutter
     if not _installed:
         atexit.register(shutdown)
         _installed = True
@@ -42,9 +54,6 @@ def install() -> None:
 
 def shutdown() -> None:
     global _created_torch_group
-    from bagua.torch_api import process_group
-    from bagua.torch_api._core import log
-
     for engine in list(_engines):
         try:
             engine.remove()
@@ -55,10 +64,11 @@ def shutdown() -> None:
         except Exception as error:  # noqa: BLE001 - exiting: report, stop the rest
             log("warn", f"at exit, stopping {getattr(engine, 'bagua_module_name', 'a module')}: {error}")
     _engines.clear()
-    process_group._default_group = None
+    if _release_default_group is not None:
+        _release_default_group()
     if _created_torch_group and dist.is_initialized():
         _created_torch_group = False
-        _destroy_torch_group_bounded(log)
+        _destroy_torch_group_bounded()
 
 
 # torch 2.x's destroy_process_group can block with no bound once rank 0,
@@ -69,16 +79,14 @@ def shutdown() -> None:
 CUT_S, WAIT_S = 5.0, 10.0
 
 
-def _destroy_torch_group_bounded(log) -> None:
-    from bagua.torch_api.process_group import _StoreConnectionCutter
-
+def _destroy_torch_group_bounded() -> None:
     errors = []
 
     def destroy():
         try:
             address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-            if address and port:
-                with _StoreConnectionCutter(address, int(port), CUT_S):
+            if address and port and _store_connection_cutter is not None:
+                with _store_connection_cutter(address, int(port), CUT_S):
                     dist.destroy_process_group()
             else:
                 dist.destroy_process_group()

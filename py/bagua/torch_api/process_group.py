@@ -435,9 +435,15 @@ def init_process_group(store: Optional["dist.Store"] = None, rank: int = -1,
     else:
         communicator = _connect(store, "bagua", rank, world_size)
     _default_group = BaguaProcessGroup(list(range(world_size)), communicator, "default")
-    _exit.install()
+    _exit.install(_release_default_group, _StoreConnectionCutter)
     log("info", f"rank {rank} of {world_size} connected ({communicator.backend_name}, "
                 f"local size {get_local_size()}, cuda devices {core.cuda_device_count()})")
+
+
+def _release_default_group() -> None:
+    """Forgets the default group (at exit, after the engines stopped)."""
+    global _default_group
+    _default_group = None
 
 
 def new_group(ranks: Optional[List[int]] = None) -> BaguaProcessGroup:

@@ -32,7 +32,7 @@ _module_ids = itertools.count()
 def _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune, broadcast_buffers=True) -> list:
     """with_bagua's arguments checked before anything communicates; returns
     the optimizers as a list."""
-    from bagua.torch_api.algorithms import Algorithm  # the algorithms import the engine's package
+    from bagua.torch_api.algorithms.base import Algorithm  # the algorithm interface (a lower layer)
 
     if not isinstance(algorithm, Algorithm):
         raise InvalidArgumentError(

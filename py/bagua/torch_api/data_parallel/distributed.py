@@ -203,10 +203,10 @@ class DistributedDataParallel_V1_9_0(DistributedDataParallel_V1_9_0_Interface):
         if len(device_types) != 1:
             raise ValueError("DistributedDataParallel's input module must be on the same type of devices, "
                              f"but input module parameters locate in {device_types}.")
-        if algorithm is None:
-            from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+        if algorithm is None:  # by name: the algorithms sit above this engine
+            from bagua.torch_api.algorithms.base import Algorithm
 
-            algorithm = GradientAllReduceAlgorithm()
+            algorithm = Algorithm.init("gradient_allreduce")
         self.is_multi_device_module = len({p.device for p in module.parameters()}) > 1
         self.device_type = next(iter(device_types))
         self.static_graph = False

@@ -53,7 +53,7 @@ class BaguaModule:
             raise RuntimeError(
                 "with_bagua needs bagua's process group: call bagua.torch_api.init_process_group() first")
         if isinstance(algorithm, str):
-            from bagua.torch_api.algorithms import Algorithm  # the algorithms import this package
+            from bagua.torch_api.algorithms.base import Algorithm  # the algorithm interface (a lower layer)
             algorithm = Algorithm.init(algorithm)
         previous = getattr(self, "bagua_ddp", None)
         if previous is not None:
