@@ -35,6 +35,7 @@ __all__ = ["Algorithm", "AlgorithmImpl", "GlobalAlgorithmRegistry", "async_model
 _BUILT_IN = [
     ("gradient_allreduce", gradient_allreduce.GradientAllReduceAlgorithm, "Gradient AllReduce Algorithm"),
     ("bytegrad", bytegrad.ByteGradAlgorithm, "ByteGrad Algorithm (8-bit gradients)"),
+    ("floatgrad", bytegrad.Float16GradAlgorithm, "Float16 gradient AllReduce Algorithm (DDP's fp16 hook)"),
     ("decentralized", decentralized.DecentralizedAlgorithm, "Decentralized SGD Algorithm"),
     ("low_precision_decentralized", decentralized.LowPrecisionDecentralizedAlgorithm,
      "Low Precision Decentralized SGD Algorithm"),

@@ -15,6 +15,7 @@
 #include "bagua/core/tensor_view.h"
 #include "bagua/ops/asynchronous_model_average.h"
 #include "bagua/ops/callback_op.h"
+#include "bagua/ops/centralized_half_precision.h"
 #include "bagua/ops/centralized_low_precision.h"
 #include "bagua/ops/centralized_synchronous.h"
 #include "bagua/ops/decentralized_low_precision.h"

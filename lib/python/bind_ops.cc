@@ -69,6 +69,19 @@ void bind_centralized_options(py::module_& m) {
         return "CentralizedLowPrecisionOptions(hierarchical=" + flag(o.hierarchical) +
                ", average=" + flag(o.average) + ", error_feedback=" + flag(o.error_feedback) + ")";
       });
+  using H = CentralizedHalfPrecisionOptions;
+  py::class_<H>(m, "CentralizedHalfPrecisionOptions")
+      .def(py::init([](bool hierarchical, bool average) {
+             return H{.hierarchical = hierarchical, .average = average};
+           }),
+           py::kw_only(), py::arg("hierarchical") = H{}.hierarchical,
+           py::arg("average") = H{}.average)
+      .def_readwrite("hierarchical", &H::hierarchical)
+      .def_readwrite("average", &H::average)
+      .def("__repr__", [](const H& o) {
+        return "CentralizedHalfPrecisionOptions(hierarchical=" + flag(o.hierarchical) +
+               ", average=" + flag(o.average) + ")";
+      });
 }
 
 void bind_decentralized_options(py::module_& m) {
@@ -167,6 +180,13 @@ std::shared_ptr<CentralizedLowPrecisionOp> append_centralized_low_precision(
                                                         b.dtype(), options);
   b.append_op(op);
   return op;
+}
+
+void append_centralized_half_precision(Bucket& b, CommPtr global, HierarchyPtr hierarchy,
+                                       const CentralizedHalfPrecisionOptions& options) {
+  if (global) require_comm_supports(b, *global, "append_centralized_half_precision_op");
+  b.append_op(std::make_unique<CentralizedHalfPrecisionOp>(std::move(global), std::move(hierarchy),
+                                                           b.dtype(), options));
 }
 
 void append_low_precision_decentralized(Bucket& b, CommPtr global, HierarchyPtr hierarchy,
@@ -293,6 +313,9 @@ void bind_bucket_ops(BucketClass& c) {
       .def("append_centralized_low_precision_op", &append_centralized_low_precision,
            py::arg("communicator"), py::arg("hierarchy"),
            py::arg("options") = CentralizedLowPrecisionOptions{})
+      .def("append_centralized_half_precision_op", &append_centralized_half_precision,
+           py::arg("communicator"), py::arg("hierarchy"),
+           py::arg("options") = CentralizedHalfPrecisionOptions{})
       .def("append_low_precision_decentralized_op", &append_low_precision_decentralized,
            py::arg("communicator"), py::arg("hierarchy"), py::arg("weight"), py::arg("left"),
            py::arg("right"), py::arg("options") = LowPrecisionDecentralizedOptions{})

@@ -86,22 +86,38 @@ class BaguaBucket:
           scatter-reduce, about a quarter of the bytes for fp32; always in
           scatter-gather form. ``error_feedback=True`` adds back what
           compression lost on the previous call (worker and server side).
-        - ``hierarchical``: reduce inside each node first (full precision),
-          communicate among node leaders, broadcast back inside the node.
+        - ``compression="Float16"`` (C_HP_S): PyTorch DDP's
+          ``fp16_compress_hook``: the bucket converted to float16, divided
+          by the world size (``average``), allreduced (sum) in float16,
+          converted back; half the bytes for fp32. float32, float64 and
+          float16 buckets (bfloat16 is refused: it would save nothing and
+          lose range); no ``scattergather`` or ``error_feedback``.
+        - ``hierarchical``: reduce inside each node first (full precision;
+          float16 with ``"Float16"``), communicate among node leaders,
+          broadcast back inside the node.
         """
         for flag, value in (("hierarchical", hierarchical), ("average", average),
                             ("scattergather", scattergather), ("error_feedback", error_feedback)):
             if not isinstance(value, bool):
                 raise InvalidArgumentError(f"append_centralized_synchronous_op: {flag} must be a bool, got {value!r}")
-        compression = _check_compression(compression, allow_none=True)
-        if error_feedback and compression is None:
-            raise InvalidArgumentError("append_centralized_synchronous_op: error_feedback needs compression")
+        compression = _check_compression(compression, allow_none=True, supported=("MinMaxUInt8", "Float16"))
+        if error_feedback and compression != "MinMaxUInt8":
+            raise InvalidArgumentError("append_centralized_synchronous_op: error_feedback needs "
+                                       f"compression='MinMaxUInt8', got {compression!r}")
         group = _group_or_default(group)
         hierarchy = group.get_hierarchical_communicators() if hierarchical else None
         if compression is None:
             self.backend_bucket.append_centralized_synchronous_op(
                 group.get_bucket_communicator(), hierarchy, core.CentralizedSynchronousOptions(
                     hierarchical=hierarchical, average=average, scattergather=scattergather))
+        elif compression == "Float16":
+            if scattergather:
+                raise InvalidArgumentError("append_centralized_synchronous_op: compression='Float16' "
+                                           "allreduces; scattergather=True is not available with it")
+            # The op checks the bucket's dtype (InvalidArgumentError naming it).
+            self.backend_bucket.append_centralized_half_precision_op(
+                group.get_bucket_communicator(), hierarchy, core.CentralizedHalfPrecisionOptions(
+                    hierarchical=hierarchical, average=average))
         else:
             _check_floating(self.dtype, "append_centralized_synchronous_op(compression='MinMaxUInt8')")
             op = self.backend_bucket.append_centralized_low_precision_op(
@@ -401,12 +417,12 @@ class NeighborAllreduceOp:
         self._op.copy_back_peer_weight(bucket.backend_bucket)
 
 
-def _check_compression(compression, allow_none: bool):
+def _check_compression(compression, allow_none: bool, supported=("MinMaxUInt8",)):
     if compression is None and allow_none:
         return None
-    if compression != "MinMaxUInt8":
+    if compression not in supported:
         raise InvalidArgumentError(
-            f"unknown compression {compression!r}; supported: 'MinMaxUInt8'"
+            f"unknown compression {compression!r}; supported: " + ", ".join(repr(c) for c in supported)
             + (" or None" if allow_none else ""))
     return compression
 
