@@ -5,6 +5,10 @@
 # compression are siblings). Headers in include/bagua/<layer> and sources in
 # lib/<layer> are checked; kernels/ implements both runtime's and the ops'
 # kernels and is not. Prints every offending include; exits 1 if any.
+#
+# Then the same for the Python package (scripts/python_imports.py): no
+# import circle, and every import points down the layers that
+# docs/architecture.md draws ("The Python layers").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,4 +33,5 @@ check core 'comm|compression|runtime|ops'
 check comm 'compression|runtime|ops'
 check compression 'comm|runtime|ops'
 check runtime 'ops'
+python3 scripts/python_imports.py --cycles --layers || status=1
 exit $status

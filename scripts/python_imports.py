@@ -29,7 +29,8 @@ SOURCES = [(ROOT / "py" / "bagua", "bagua"), (ROOT / "algorithms", "bagua.torch_
 LAYERS = [
     ("base", ["bagua.version", "bagua.bagua_define", "bagua.torch_api._core", "bagua.torch_api.env"]),
     ("process groups and communication", [
-        "bagua.torch_api._exit", "bagua.torch_api.process_group", "bagua.torch_api.communication",
+        "bagua.torch_api._exit", "bagua.torch_api.process_group", "bagua.torch_api._primitives",
+        "bagua.torch_api.communication",
         "bagua.torch_api._compat_communication", "bagua.torch_api.utils", "bagua.torch_api.timeline"]),
     ("tensors and buckets", ["bagua.torch_api.tensor", "bagua.torch_api.bucket"]),
     ("the algorithm interface", ["bagua.torch_api.algorithms.registry", "bagua.torch_api.algorithms.base"]),

@@ -1,6 +1,6 @@
 """The rest of Bagua's ``bagua.torch_api.communication``, built on the
-primitives of :mod:`bagua.torch_api.communication` (which re-exports
-everything here).
+primitives of :mod:`bagua.torch_api._primitives` (the module
+``communication`` gathers both).
 
 - :class:`CommMember`: ``CommMember.WORLD`` stands for the default group
   wherever a group or communicator is accepted; ``CommMember.NON_COMM_MEMBER``
@@ -24,10 +24,10 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from bagua.torch_api import communication as _primitives
+from bagua.torch_api import _primitives
 from bagua.torch_api import env, timeline
 from bagua.torch_api._core import InvalidArgumentError, check_tensor, core
-from bagua.torch_api.communication import ReduceOp
+from bagua.torch_api._primitives import ReduceOp
 from bagua.torch_api import process_group as _process_group_module
 from bagua.torch_api.process_group import BaguaProcessGroup, _get_default_group, new_group
 

@@ -188,7 +188,7 @@ def to_bagua_datatype(datatype: torch.dtype) -> str:
 def to_bagua_reduce_op(torch_reduce_op) -> int:
     """The value of :class:`bagua.torch_api.ReduceOp` for a
     ``torch.distributed.ReduceOp``."""
-    from bagua.torch_api.communication import ReduceOp
+    from bagua.torch_api._primitives import ReduceOp
 
     names = ("SUM", "PRODUCT", "MIN", "MAX", "BOR", "BAND", "BXOR")
     for name in names:
