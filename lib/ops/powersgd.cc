@@ -7,9 +7,11 @@
 #include <numeric>
 #include <utility>
 
+#include "bagua/compression/chunked_layout.h"
 #include "bagua/core/cuda.h"
 #include "bagua/core/env.h"
 #include "bagua/ops/low_precision_partial_allreduce.h"
+#include "bagua/runtime/timeline.h"
 
 namespace bagua {
 
@@ -65,73 +67,153 @@ void PowerSGDOp::execute(Bucket& bucket) {
   });
 }
 
+// Each phase is a span on the timeline when one is set (BAGUA_TIMELINE), so
+// a step's time can be split into factor passes and exchanges.
 void PowerSGDOp::average_compressed(Bucket& bucket) {
   const ByteMeter meter(*this, {&global()});
   Compute& c = compute_on(bucket.device());
-  const auto& tensors = bucket.tensors();
-  const DType dtype = bucket.dtype();
-  const std::size_t element = dtype_size(dtype);
-  const std::int64_t r = options_.rank;
+  const CachingAllocator::Block first_block = scratch_for(c, bucket, first_numel(bucket));
+  const TensorView first = c.view(first_block, first_numel(bucket), bucket.dtype());
+  {
+    const TimelinePhase phase("powersgd.project");
+    project(c, bucket, first);
+  }
+  std::int64_t divisor = 1;
+  {
+    const TimelinePhase phase("powersgd.exchange_p");
+    divisor = exchange(first);
+  }
+  const CachingAllocator::Block q_block = scratch_for(c, bucket, q_numel());
+  const TensorView qs = c.view(q_block, q_numel(), bucket.dtype());
+  {
+    const TimelinePhase phase("powersgd.project_back");
+    scatter_vectors(c, bucket, first, divisor);
+    project_back(c, bucket, first, qs);
+  }
+  {
+    const TimelinePhase phase("powersgd.exchange_q");
+    divisor = exchange(qs);
+  }
+  {
+    const TimelinePhase phase("powersgd.reconstruct");
+    if (divisor > 1) c.divide(qs, divisor);
+    reconstruct(c, bucket, first, qs);
+  }
+  uncompressed_bytes_ += static_cast<std::int64_t>(bucket.nbytes());
+}
 
-  // The first exchange: the vectors, then P of every matrix.
-  std::int64_t first_numel = 0;
-  for (const auto i : vectors_) first_numel += tensors[i].view.numel;
-  for (const auto& m : matrices_) first_numel += m.rows * r;
-  const auto first_block = c.scratch(static_cast<std::size_t>(first_numel) * element);
-  const TensorView first = c.view(first_block, first_numel, dtype);
+// The first exchange holds the vectors, then P of every matrix; the second
+// Q of every matrix.
+std::int64_t PowerSGDOp::vectors_numel(const Bucket& bucket) const {
+  std::int64_t numel = 0;
+  for (const auto i : vectors_) numel += bucket.tensors()[i].view.numel;
+  return numel;
+}
+
+std::int64_t PowerSGDOp::first_numel(const Bucket& bucket) const {
+  std::int64_t numel = vectors_numel(bucket);
+  for (const auto& m : matrices_) numel += m.rows * options_.rank;
+  return numel;
+}
+
+std::int64_t PowerSGDOp::q_numel() const {
+  std::int64_t numel = 0;
+  for (const auto& m : matrices_) numel += m.cols * options_.rank;
+  return numel;
+}
+
+CachingAllocator::Block PowerSGDOp::scratch_for(Compute& c, const Bucket& bucket,
+                                                std::int64_t numel) {
+  return c.scratch(static_cast<std::size_t>(numel) * dtype_size(bucket.dtype()));
+}
+
+// P of matrix k in the first exchange's buffer.
+TensorView PowerSGDOp::p_of(const TensorView& first, std::int64_t vectors_end,
+                            std::size_t k) const {
+  std::int64_t offset = vectors_end;
+  for (std::size_t i = 0; i < k; ++i) offset += matrices_[i].rows * options_.rank;
+  return first.slice(offset, matrices_[k].rows * options_.rank);
+}
+
+// The vectors copied in, then M += error and P = M Q for every matrix.
+void PowerSGDOp::project(Compute& c, const Bucket& bucket, const TensorView& first) {
+  const auto& tensors = bucket.tensors();
   std::int64_t offset = 0;
   for (const auto i : vectors_) {
     const TensorView& v = tensors[i].view;
     c.copy(first.slice(offset, v.numel).data, v.data, v.nbytes());
     offset += v.numel;
   }
-  std::vector<TensorView> ps;
-  for (const auto& m : matrices_) {
-    ps.push_back(first.slice(offset, m.rows * r));
-    low_rank_project(c, shape_of(m), tensors[m.index].view, m.error, m.q, ps.back());
-    offset += m.rows * r;
+  for (std::size_t k = 0; k < matrices_.size(); ++k) {
+    const auto& m = matrices_[k];
+    low_rank_project(c, shape_of(m), tensors[m.index].view, m.error, m.q, p_of(first, offset, k));
   }
-  const std::int64_t divisor = exchange(first);
-  offset = 0;
+}
+
+// The averaged vectors back into the bucket (divided by `divisor`).
+void PowerSGDOp::scatter_vectors(Compute& c, Bucket& bucket, const TensorView& first,
+                                 std::int64_t divisor) {
+  std::int64_t offset = 0;
   for (const auto i : vectors_) {
-    const TensorView& v = tensors[i].view;
+    const TensorView& v = bucket.tensors()[i].view;
     c.copy(v.data, first.slice(offset, v.numel).data, v.nbytes());
     if (divisor > 1) c.divide(v, divisor);
     offset += v.numel;
   }
-  for (std::size_t k = 0; k < matrices_.size(); ++k) {
-    orthogonalize_columns(c, shape_of(matrices_[k]), ps[k], options_.orthogonalization_epsilon);
-  }
+}
 
-  // The second exchange: Q = M^T P of every matrix, averaged.
-  std::int64_t q_numel = 0;
-  for (const auto& m : matrices_) q_numel += m.cols * r;
-  const auto q_block = c.scratch(static_cast<std::size_t>(q_numel) * element);
-  const TensorView qs = c.view(q_block, q_numel, dtype);
-  offset = 0;
+// P orthogonalized, then Q = M^T P of every matrix into `qs`.
+void PowerSGDOp::project_back(Compute& c, const Bucket& bucket, const TensorView& first,
+                              const TensorView& qs) {
+  const std::int64_t vectors_end = vectors_numel(bucket);
+  std::int64_t offset = 0;
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     const auto& m = matrices_[k];
-    low_rank_project_back(c, shape_of(m), tensors[m.index].view, ps[k],
-                          qs.slice(offset, m.cols * r));
-    offset += m.cols * r;
+    const TensorView p = p_of(first, vectors_end, k);
+    orthogonalize_columns(c, shape_of(m), p, options_.orthogonalization_epsilon);
+    low_rank_project_back(c, shape_of(m), bucket.tensors()[m.index].view, p,
+                          qs.slice(offset, m.cols * options_.rank));
+    offset += m.cols * options_.rank;
   }
-  const std::int64_t q_divisor = exchange(qs);
-  if (q_divisor > 1) c.divide(qs, q_divisor);
-  offset = 0;
+}
+
+// Q kept for the next step, M = P Q^T, error = M_before - M.
+void PowerSGDOp::reconstruct(Compute& c, Bucket& bucket, const TensorView& first,
+                             const TensorView& qs) {
+  const std::int64_t vectors_end = vectors_numel(bucket);
+  std::int64_t offset = 0;
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     const auto& m = matrices_[k];
-    c.copy(m.q.data, qs.slice(offset, m.cols * r).data, m.q.nbytes());
-    low_rank_reconstruct(c, shape_of(m), tensors[m.index].view, m.error, ps[k], m.q);
-    offset += m.cols * r;
+    c.copy(m.q.data, qs.slice(offset, m.cols * options_.rank).data, m.q.nbytes());
+    low_rank_reconstruct(c, shape_of(m), bucket.tensors()[m.index].view, m.error,
+                         p_of(first, vectors_end, k), m.q);
+    offset += m.cols * options_.rank;
   }
-  uncompressed_bytes_ += static_cast<std::int64_t>(bucket.nbytes());
 }
 
 std::int64_t PowerSGDOp::exchange(const TensorView& data) {
   if (options_.low_precision && global().size() > 1) return average_8bit(data);
-  global().allreduce(data, data, ReduceOp::kSum);
+  if (global().size() == 2) {
+    sum_of_two(data);
+  } else {
+    global().allreduce(data, data, ReduceOp::kSum);
+  }
   exchanged_bytes_ += static_cast<std::int64_t>(data.nbytes());
   return global().size();
+}
+
+// The factors are small, so their exchanges cost round trips more than bytes
+// (several ms each on a busy machine, where every hand-off between threads
+// can wait a time slice). At two ranks an allgather sends the same bytes as
+// the ring allreduce (each rank its whole buffer) in one round instead of
+// two; each rank then adds the two in rank order, the ring's bits.
+void PowerSGDOp::sum_of_two(const TensorView& data) {
+  Compute& c = compute();
+  const auto block = c.scratch(2 * data.nbytes());
+  const TensorView both = c.view(block, 2 * data.numel, data.dtype);
+  global().allgather(data, both);
+  c.copy(data.data, both.data, data.nbytes());
+  c.axpby(1.0, both.slice(data.numel, data.numel), 1.0, data);
 }
 
 std::int64_t PowerSGDOp::average_8bit(const TensorView& data) {
@@ -150,17 +232,42 @@ std::int64_t PowerSGDOp::average_8bit(const TensorView& data) {
     c.run_custom([] {}, [&](void* s) { cuda_copy_async(host.data, work.data, work.nbytes(), s); });
     c.finish("powersgd: 8-bit staging to the host", env().comm_timeout);
   }
-  std::vector<int> members(static_cast<std::size_t>(comm.size()));
-  std::iota(members.begin(), members.end(), 0);
-  low_precision_partial_allreduce(comm, host, members, comm.next_partial_id(members));
+  if (comm.size() == 2) {
+    exchanged_bytes_ += average_8bit_of_two(host);
+  } else {
+    std::vector<int> members(static_cast<std::size_t>(comm.size()));
+    std::iota(members.begin(), members.end(), 0);
+    low_precision_partial_allreduce(comm, host, members, comm.next_partial_id(members));
+    // one code byte per element, and a min/max header per chunk and rank
+    exchanged_bytes_ += data.numel + std::int64_t{8} * comm.size();
+  }
   if (!on_host) {
     c.run_custom([] {}, [&](void* s) { cuda_copy_async(work.data, host.data, work.nbytes(), s); });
   }
   if (work_copy.is_copy()) c.convert(work, data);
   if (!on_host) c.finish("powersgd: 8-bit staging from the host", env().comm_timeout);
-  // one code byte per element, and a min/max header per chunk and rank
-  exchanged_bytes_ += data.numel + std::int64_t{8} * comm.size();
   return 1;
+}
+
+// At two ranks the scatter-gather takes two rounds; an allgather of each
+// rank's codes sends the same bytes in one (see sum_of_two). Both ranks
+// decode the same codes and average them in rank order, so they hold the
+// same bits, and each value is quantized once (the scatter-gather quantizes
+// the average again). A min/max per kCodeChunk elements keeps the vectors
+// and the factors of different matrices, which differ in scale, apart for
+// 8 header bytes per chunk. Returns the bytes this rank sent.
+std::int64_t PowerSGDOp::average_8bit_of_two(const TensorView& host) {
+  const minmax_uint8::ChunkedLayout layout{host.numel, kCodeChunk};
+  std::vector<std::byte> codes(3 * layout.bytes());  // this rank's, then rank 0's and rank 1's
+  const auto bytes_view = [&](std::size_t offset, std::size_t count) {
+    return TensorView{codes.data() + offset, static_cast<std::int64_t>(count), DType::kUInt8, {}};
+  };
+  minmax_uint8::compress_chunked(host, layout, codes.data());
+  global().allgather(bytes_view(0, layout.bytes()), bytes_view(layout.bytes(), 2 * layout.bytes()));
+  minmax_uint8::decompress_chunked(codes.data() + layout.bytes(), layout, host, false);
+  minmax_uint8::decompress_chunked(codes.data() + 2 * layout.bytes(), layout, host, true);
+  divide_inplace(host, 2);
+  return static_cast<std::int64_t>(layout.bytes());
 }
 
 }  // namespace bagua

@@ -133,8 +133,13 @@ void Backend::schedule_ready_buckets_locked() {
 void Backend::wait_pending_comm_ops() {
   std::unique_lock lock(mutex_);
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-  const bool finished = changed_.wait_until(
-      lock, deadline, [&] { return failure_ != nullptr || completed_ == buckets_.size(); });
+  const auto done = [&] { return failure_ != nullptr || completed_ == buckets_.size(); };
+  bool finished = false;
+  do {
+    run_queued_here_locked(lock);
+    finished =
+        changed_.wait_until(lock, deadline, [&] { return done() || can_start_here_locked(); });
+  } while (finished && !done());
   rethrow_if_failed_locked();
   if (!finished) {
     auto error = TimeoutError(fmt::format(
@@ -219,30 +224,47 @@ std::string Backend::describe_pending_locked() const {
 void Backend::communication_loop(const std::stop_token& stop) {
   std::unique_lock lock(mutex_);
   while (!stop.stop_requested()) {
-    changed_.wait(lock, stop, [&] { return !queue_.empty(); });
+    changed_.wait(lock, stop, [&] { return !queue_.empty() && !bucket_running_; });
     if (stop.stop_requested()) return;
-    const std::size_t index = queue_.front();
-    queue_.pop_front();
     if (failure_) {
       // Failed: this rank issues no further collective. The bucket completes
       // unexecuted; the training thread's wait rethrows the stored failure.
+      queue_.pop_front();
       ++completed_;
       continue;
     }
-    auto bucket = buckets_[index];
-    running_bucket_ = bucket->name();
-    lock.unlock();
-    const std::exception_ptr failure = run_bucket(index, *bucket);
-    lock.lock();
-    running_bucket_.clear();
-    running_op_.clear();
-    running_comm_op_.reset();
-    if (failure && !failure_) failure_ = failure;
-    ++completed_;
-    lock.unlock();
-    changed_.notify_all();
-    lock.lock();
+    run_next_locked(lock);
   }
+}
+
+void Backend::run_next_locked(std::unique_lock<std::mutex>& lock) {
+  const std::size_t index = queue_.front();
+  queue_.pop_front();
+  auto bucket = buckets_[index];
+  running_bucket_ = bucket->name();
+  bucket_running_ = true;
+  lock.unlock();
+  const std::exception_ptr failure = run_bucket(index, *bucket);
+  lock.lock();
+  running_bucket_.clear();
+  bucket_running_ = false;
+  running_op_.clear();
+  running_comm_op_.reset();
+  if (failure && !failure_) failure_ = failure;
+  ++completed_;
+  lock.unlock();
+  changed_.notify_all();
+  lock.lock();
+}
+
+// The training thread would only sleep until the communication thread is
+// done, and handing a bucket to that thread and the result back costs two
+// wake-ups, each up to a scheduler time slice on a busy machine (several ms
+// on the 2-core machine of docs/benchmarks.md). PowerSGD's one bucket,
+// ready only at the end of backward, paid both every step. CUDA buckets stay
+// on the communication thread, which owns the communication stream.
+void Backend::run_queued_here_locked(std::unique_lock<std::mutex>& lock) {
+  while (can_start_here_locked()) run_next_locked(lock);
 }
 
 std::exception_ptr Backend::run_bucket(std::size_t index, Bucket& bucket) {
@@ -307,7 +329,10 @@ void Backend::run_op(std::size_t index, std::size_t op_index, Bucket& bucket) {
   const auto start = std::chrono::steady_clock::now();
   const std::int64_t start_us = options_.timeline ? options_.timeline->now_us() : 0;
   const std::int64_t bytes_before = op->bytes_sent();
-  op->execute(bucket);
+  {
+    const ThisThreadTimeline phases(options_.timeline.get());  // the op may mark its phases on it
+    op->execute(bucket);
+  }
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
   if (options_.timeline) {
     options_.timeline->span(std::string(op->name()), "comm_op", Timeline::kCommunicationLane,

@@ -61,6 +61,18 @@ def low_precision_average(buffers):
     return out
 
 
+CODE_CHUNK = 1024  # PowerSGDOp::kCodeChunk: elements per min/max of its 8-bit codes at two ranks
+
+
+def op_low_precision_average(buffers):
+    """The op's 8-bit average: at two ranks every rank's buffer quantized
+    with a min/max per CODE_CHUNK elements, decoded and averaged in rank
+    order (one allgather round); at more, the chunk-owner average."""
+    if len(buffers) != 2:
+        return low_precision_average(buffers)
+    return (ref.roundtrip_chunked(buffers[0], CODE_CHUNK) + ref.roundtrip_chunked(buffers[1], CODE_CHUNK)) / 2
+
+
 def reference_exchange(world, low_precision):
     """What every rank's vector, gradients and Q must be after one PowerSGD
     exchange (no error feedback), in float32 with plain torch."""
@@ -69,7 +81,7 @@ def reference_exchange(world, low_precision):
     names = list(EXCHANGE_SHAPES)
 
     def average(buffers):
-        return low_precision_average(buffers) if low_precision else sum(buffers) / world
+        return op_low_precision_average(buffers) if low_precision else sum(buffers) / world
 
     first = average([torch.cat([v] + [(ms[n] @ q[n]).reshape(-1) for n in names]) for v, ms in inputs])
     vector, offset, ps = first[:EXCHANGE_VECTOR], EXCHANGE_VECTOR, {}

@@ -73,10 +73,26 @@ class PowerSGDOp final : public HierarchicalOp {
 
  private:
   void average_compressed(Bucket& bucket);
+  // The phases of average_compressed (one span each on the timeline).
+  void project(Compute& c, const Bucket& bucket, const TensorView& first);
+  void scatter_vectors(Compute& c, Bucket& bucket, const TensorView& first, std::int64_t divisor);
+  void project_back(Compute& c, const Bucket& bucket, const TensorView& first,
+                    const TensorView& qs);
+  void reconstruct(Compute& c, Bucket& bucket, const TensorView& first, const TensorView& qs);
+  std::int64_t vectors_numel(const Bucket& bucket) const;
+  std::int64_t first_numel(const Bucket& bucket) const;
+  std::int64_t q_numel() const;
+  static CachingAllocator::Block scratch_for(Compute& c, const Bucket& bucket, std::int64_t numel);
+  TensorView p_of(const TensorView& first, std::int64_t vectors_end, std::size_t k) const;
   // Sums (full precision) or 8-bit averages `data` over the ranks; returns
   // what to divide by for the average (the rank count, or 1).
   std::int64_t exchange(const TensorView& data);
+  void sum_of_two(const TensorView& data);
   std::int64_t average_8bit(const TensorView& data);
+  std::int64_t average_8bit_of_two(const TensorView& host);
+
+  // Elements per min/max of the 8-bit codes at two ranks.
+  static constexpr std::int64_t kCodeChunk = 1024;
   LowRankShape shape_of(const LowRankTensor& t) const { return {t.rows, t.cols, options_.rank}; }
 
   std::vector<LowRankTensor> matrices_;

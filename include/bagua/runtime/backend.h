@@ -18,9 +18,11 @@
 //   `wait_pending_comm_ops` returns.
 // - `wait_pending_comm_ops` blocks until every bucket of the iteration has
 //   run its ops, rethrows the first failure of the communication thread, and
-//   then starts a new iteration. A wait longer than the timeout becomes a
-//   TimeoutError naming the rank, the op and the bucket, or the tensors that
-//   were never marked ready.
+//   then starts a new iteration. While it waits, a queued host bucket that
+//   the idle communication thread has not taken yet runs on the waiting
+//   thread instead (still one bucket at a time, in order). A wait longer
+//   than the timeout becomes a TimeoutError naming the rank, the op and the
+//   bucket, or the tensors that were never marked ready.
 // - After a failure the backend stays failed: every later call rethrows it.
 //   The communication thread runs no further bucket (queued ones complete at
 //   once, unexecuted), and the communicators of an op that failed or overran
@@ -116,6 +118,18 @@ class Backend {
   void rethrow_if_failed_locked() const;
   std::string describe_pending_locked() const;
   void communication_loop(const std::stop_token& stop);
+  // Whether the next queued bucket may start now (none is running, no
+  // failure), and on the waiting training thread (a host bucket).
+  bool can_start_locked() const { return !queue_.empty() && !bucket_running_ && !failure_; }
+  bool can_start_here_locked() const {
+    return can_start_locked() && buckets_[queue_.front()]->device().type == DeviceType::kCPU;
+  }
+  // Runs the next queued bucket on the calling thread (the lock is released
+  // meanwhile) and counts it completed.
+  void run_next_locked(std::unique_lock<std::mutex>& lock);
+  // The waiting training thread's share: the queued host buckets while no
+  // bucket runs.
+  void run_queued_here_locked(std::unique_lock<std::mutex>& lock);
 
   BackendOptions options_;
   mutable std::mutex mutex_;
@@ -139,6 +153,7 @@ class Backend {
   // op in flight, to abort it when the training thread's wait times out.
   std::string running_op_;
   std::string running_bucket_;
+  bool bucket_running_ = false;  // on either thread: buckets run one at a time
   std::shared_ptr<CommOp> running_comm_op_;
   std::exception_ptr failure_;
 

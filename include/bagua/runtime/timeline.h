@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -29,6 +30,14 @@ class Timeline {
   static constexpr int kBackgroundLane = 2;
 
   explicit Timeline(int rank) : rank_(rank), origin_(std::chrono::steady_clock::now()) {}
+
+  // The timeline of the op this thread runs (Backend::run_op sets it for the
+  // op's duration, null without one), so an op can mark its phases
+  // (TimelinePhase) without being handed a timeline.
+  static Timeline*& of_this_thread() {
+    thread_local Timeline* current = nullptr;
+    return current;
+  }
 
   std::int64_t now_us() const {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
@@ -110,6 +119,43 @@ class Timeline {
   mutable std::mutex mutex_;
   std::vector<nlohmann::json> events_;
   std::int64_t dropped_ = 0;
+};
+
+// Timeline::of_this_thread() is `timeline` for this object's lifetime.
+class ThisThreadTimeline {
+ public:
+  explicit ThisThreadTimeline(Timeline* timeline)
+      : outer_(std::exchange(Timeline::of_this_thread(), timeline)) {}
+  ~ThisThreadTimeline() { Timeline::of_this_thread() = outer_; }
+  ThisThreadTimeline(const ThisThreadTimeline&) = delete;
+  ThisThreadTimeline& operator=(const ThisThreadTimeline&) = delete;
+
+ private:
+  Timeline* outer_;
+};
+
+// A phase of the op running on this thread: a span ("op_phase") on the
+// communication lane of the op's timeline, or nothing without one. Host time:
+// on a CUDA buffer it covers the launches, not the kernels.
+class TimelinePhase {
+ public:
+  explicit TimelinePhase(const char* name)
+      : timeline_(Timeline::of_this_thread()),
+        name_(name),
+        start_us_(timeline_ ? timeline_->now_us() : 0) {}
+  ~TimelinePhase() {
+    if (timeline_) {
+      timeline_->span(name_, "op_phase", Timeline::kCommunicationLane, start_us_,
+                      timeline_->now_us());
+    }
+  }
+  TimelinePhase(const TimelinePhase&) = delete;
+  TimelinePhase& operator=(const TimelinePhase&) = delete;
+
+ private:
+  Timeline* timeline_;
+  const char* name_;
+  std::int64_t start_us_;
 };
 
 }  // namespace bagua
