@@ -101,6 +101,20 @@ int Communicator::recv_any(const TensorView& buffer, std::span<const int> peers,
   return do_recv_any(buffer, peers, tag, wait_forever);
 }
 
+void Communicator::recv_from(const TensorView& buffer, int peer, std::uint64_t tag,
+                             bool wait_forever) {
+  BAGUA_CHECK_ARG(buffer.numel > 0 && tag != 0,
+                  "recv_from on rank {}: needs a non-empty buffer and a tag", rank());
+  check_peer("recv_from", peer);
+  do_recv_from(buffer, peer, tag, wait_forever);
+}
+
+void Communicator::do_recv_from(const TensorView& /*buffer*/, int /*peer*/, std::uint64_t /*tag*/,
+                                bool /*wait_forever*/) {
+  throw InvalidArgument(fmt::format(
+      "recv_from: the {} backend cannot receive a tagged message alone", backend_name()));
+}
+
 int Communicator::do_recv_any(const TensorView& /*buffer*/, std::span<const int> /*peers*/,
                               std::uint64_t /*tag*/, bool /*wait_forever*/) {
   throw InvalidArgument(

@@ -50,6 +50,9 @@ namespace {
 constexpr std::uint64_t kP2PSlotBase = 0xB7ULL << 56;
 constexpr std::uint64_t kTaggedSlotBase = 0xB8ULL << 56;
 constexpr std::uint64_t kTagMask = (1ULL << 56) - 1;
+// Never sent on: lost_peers() posts an empty receive on it, which first
+// rethrows the connection's error if it has one.
+constexpr std::uint64_t kProbeSlot = 0xB9ULL << 56;
 
 // Gloo's rendezvous store interface on top of ours.
 class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
@@ -191,7 +194,26 @@ class GlooCommunicator final : public Communicator {
   void abort() noexcept override {
     aborted_.store(true);
     const std::lock_guard lock(any_mutex_);
-    if (waiting_any_ != nullptr) waiting_any_->abortWaitRecv();
+    for (auto* waiting : waiting_any_) waiting->abortWaitRecv();
+  }
+
+  std::vector<int> lost_peers() override {
+    std::vector<int> lost;
+    if (!context_ || size_ == 1) return lost;
+    // A connection in error rethrows its error before posting anything. On a
+    // healthy one the empty receive stays posted, on a slot nobody sends to,
+    // until the buffer dies: a few bytes of bookkeeping per call, and calls
+    // come only after a failure or from a watchdog.
+    auto probe = context_->createUnboundBuffer(nullptr, 0);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      try {
+        probe->recv(r, kProbeSlot, 0, 0);
+      } catch (const ::gloo::Exception& e) {
+        if (!looks_like_timeout(e.what())) lost.push_back(r);
+      }
+    }
+    return lost;
   }
 
  protected:
@@ -337,38 +359,16 @@ class GlooCommunicator final : public Communicator {
 
   int do_recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
                   bool wait_forever) override {
-    int sender = -1;
-    run("recv_any", [&] {
-      auto unbound = context_->createUnboundBuffer(buffer.data, buffer.nbytes());
-      unbound->recv(std::vector<int>(peers.begin(), peers.end()),
-                    kTaggedSlotBase | (tag & kTagMask));
-      {
-        const std::lock_guard lock(any_mutex_);
-        if (aborted_.load()) return;
-        waiting_any_ = unbound.get();
-      }
-      // However the wait ends (an error included), abort() must no longer
-      // reach the buffer, which dies with this scope.
-      struct Unregister {
-        GlooCommunicator& self;
-        ~Unregister() {
-          const std::lock_guard lock(self.any_mutex_);
-          self.waiting_any_ = nullptr;
-        }
-      } unregister{*this};
-      // An expired wait poisons the whole Gloo context, so "forever" is a
-      // year, ended early by a message, an error or abortWaitRecv.
-      constexpr auto kForever = std::chrono::hours(24 * 365);
-      const bool received = unbound->waitRecv(
-          &sender, wait_forever ? std::chrono::milliseconds(kForever) : options_.timeout);
-      if (!received) sender = -1;
+    return receive_tagged("recv_any", buffer, wait_forever, [&](auto& unbound) {
+      unbound.recv(std::vector<int>(peers.begin(), peers.end()),
+                   kTaggedSlotBase | (tag & kTagMask));
     });
-    if (sender < 0) {
-      throw BackendError(
-          fmt::format("recv_any on rank {} of {}: the communicator was aborted", rank_, size_));
-    }
-    count(buffer.nbytes());
-    return sender;
+  }
+
+  void do_recv_from(const TensorView& buffer, int peer, std::uint64_t tag,
+                    bool wait_forever) override {
+    receive_tagged("recv_from", buffer, wait_forever,
+                   [&](auto& unbound) { unbound.recv(peer, kTaggedSlotBase | (tag & kTagMask)); });
   }
 
   void do_barrier() override {
@@ -509,6 +509,45 @@ class GlooCommunicator final : public Communicator {
 
   // Runs one Gloo call, translating its failures into our error types with
   // the op, rank and group named.
+  // One tagged message into `buffer`, the receive posted by `post`; returns
+  // the sender. abort() from another thread ends the wait.
+  template <typename Post>
+  int receive_tagged(std::string_view op, const TensorView& buffer, bool wait_forever,
+                     Post&& post) {
+    int sender = -1;
+    run(op, [&] {
+      auto unbound = context_->createUnboundBuffer(buffer.data, buffer.nbytes());
+      post(*unbound);
+      {
+        const std::lock_guard lock(any_mutex_);
+        if (aborted_.load()) return;
+        waiting_any_.push_back(unbound.get());
+      }
+      // However the wait ends (an error included), abort() must no longer
+      // reach the buffer, which dies with this scope.
+      struct Unregister {
+        GlooCommunicator& self;
+        ::gloo::transport::UnboundBuffer* buffer;
+        ~Unregister() {
+          const std::lock_guard lock(self.any_mutex_);
+          std::erase(self.waiting_any_, buffer);
+        }
+      } unregister{*this, unbound.get()};
+      // An expired wait poisons the whole Gloo context, so "forever" is a
+      // year, ended early by a message, an error or abortWaitRecv.
+      constexpr auto kForever = std::chrono::hours(24 * 365);
+      const bool received = unbound->waitRecv(
+          &sender, wait_forever ? std::chrono::milliseconds(kForever) : options_.timeout);
+      if (!received) sender = -1;
+    });
+    if (sender < 0) {
+      throw BackendError(
+          fmt::format("{} on rank {} of {}: the communicator was aborted", op, rank_, size_));
+    }
+    count(buffer.nbytes());
+    return sender;
+  }
+
   template <typename Fn>
   void run(std::string_view op, Fn&& fn) {
     if (aborted_.load()) {
@@ -521,10 +560,17 @@ class GlooCommunicator final : public Communicator {
       const std::string where =
           fmt::format("{} on rank {} of {} (group '{}', {}, timeout {} ms)", op, rank_, size_,
                       options_.prefix, backend_name(), options_.timeout.count());
+      // Gloo names a failed connection by its address, and a wait that timed
+      // out by nothing: say which ranks' connections are gone (a peer that
+      // died makes the others wait on each other until the timeout).
+      const auto lost = lost_peers();
+      const std::string gone =
+          lost.empty() ? std::string()
+                       : fmt::format(" [connection lost to rank {}]", fmt::join(lost, ", rank "));
       if (looks_like_timeout(e.what())) {
-        throw TimeoutError(fmt::format("{} timed out: {}", where, e.what()));
+        throw TimeoutError(fmt::format("{} timed out: {}{}", where, e.what(), gone));
       }
-      throw BackendError(fmt::format("{} failed: {}", where, e.what()));
+      throw BackendError(fmt::format("{} failed: {}{}", where, e.what(), gone));
     }
   }
 
@@ -584,9 +630,10 @@ class GlooCommunicator final : public Communicator {
   std::vector<std::uint64_t> send_sequence_;
   std::vector<std::uint64_t> recv_sequence_;
   std::atomic<bool> aborted_{false};
-  // The pending recv_any, so that abort() from another thread can end it.
+  // The pending recv_any calls (one per thread), so that abort() from
+  // another thread can end them.
   std::mutex any_mutex_;
-  ::gloo::transport::UnboundBuffer* waiting_any_ = nullptr;
+  std::vector<::gloo::transport::UnboundBuffer*> waiting_any_;
   SharedMemoryOptions shm_options_;
   bool shm_attached_ = false;
   std::unique_ptr<SharedMemoryGroup> shm_;

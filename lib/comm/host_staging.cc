@@ -31,6 +31,7 @@ class HostStagingCommunicator final : public Communicator {
   }
 
   void abort() noexcept override { inner_->abort(); }
+  std::vector<int> lost_peers() override { return inner_->lost_peers(); }
 
  protected:
   // Each call stages its device buffers and hands the host views to the
@@ -79,6 +80,12 @@ class HostStagingCommunicator final : public Communicator {
     BAGUA_CHECK_ARG(buffer.device.type == DeviceType::kCPU, "recv_any takes a host buffer, got {}",
                     buffer.describe());
     return inner_->recv_any(buffer, peers, tag, wait_forever);
+  }
+  void do_recv_from(const TensorView& buffer, int peer, std::uint64_t tag,
+                    bool wait_forever) override {
+    BAGUA_CHECK_ARG(buffer.device.type == DeviceType::kCPU, "recv_from takes a host buffer, got {}",
+                    buffer.describe());
+    inner_->recv_from(buffer, peer, tag, wait_forever);
   }
   void do_partial_allreduce(const TensorView& send, const TensorView& recv,
                             std::span<const int> members, ReduceOp op, std::uint64_t group_id,

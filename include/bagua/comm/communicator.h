@@ -114,6 +114,11 @@ class Communicator {
   // bounds it. Gloo only; other backends raise InvalidArgument.
   int recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
                bool wait_forever = false);
+  // The same from one `peer`. The receive is announced to the peer when it
+  // is posted (an any-source receive answers each sender's notice first), so
+  // the peer's message leaves at once, and a failure of the peer's
+  // connection ends the wait at once. Gloo only.
+  void recv_from(const TensorView& buffer, int peer, std::uint64_t tag, bool wait_forever = false);
   // A group id for callers without one (the Python API): how many times this
   // rank has asked for `members` before. Members asking in the same order
   // get the same ids.
@@ -121,6 +126,14 @@ class Communicator {
 
   // Marks the communicator unusable; later calls throw. Safe from any thread.
   virtual void abort() noexcept = 0;
+
+  // The ranks whose connection to this rank has been closed or reset (their
+  // process exited or died, or the network failed), as known now, without
+  // waiting or sending anything. Errors of the Gloo backend name them; a
+  // service uses it to tell a dead peer from a slow one. Empty where the
+  // backend cannot tell (NCCL), and after a timeout (Gloo then closes every
+  // connection itself, so they say nothing about the peers).
+  virtual std::vector<int> lost_peers() { return {}; }
 
   // Collective over this group: every rank calls it with the same `ranks`
   // (sorted, unique, within [0, size())). Members get a communicator whose
@@ -165,6 +178,8 @@ class Communicator {
   virtual void do_barrier() = 0;
   virtual int do_recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
                           bool wait_forever);
+  virtual void do_recv_from(const TensorView& buffer, int peer, std::uint64_t tag,
+                            bool wait_forever);
   // Default: the ring over tagged send_recv with host reductions (host
   // buffers only); staging backends override it.
   virtual void do_partial_allreduce(const TensorView& send, const TensorView& recv,
