@@ -5,7 +5,8 @@
 // the whole world and costs a rendezvous (design/ripples.md, section 3), so
 // here a P-Reduce is point-to-point traffic among the members on the
 // already connected mesh: a ring reduce-scatter, then a ring allgather, each
-// step one tagged send_recv with the next and previous member. The tag
+// step one tagged send_recv with the next and previous member; a small
+// tensor instead goes to every member at once (one step). The tag
 // (members and group id) keeps concurrent groups apart and turns members that
 // disagree about the group into a timeout naming it, never mixed data.
 #include <algorithm>
@@ -65,42 +66,120 @@ std::string describe_group(const Ring& ring) {
                      fmt::join(ring.members, ","), ring.comm.rank());
 }
 
-// Every member sends its (numel, dtype, op, members) to every other member
-// and compares what it receives, so all of them see a disagreement.
-void verify_members_agree(Ring& ring, const TensorView& send, ReduceOp op) {
-  constexpr int kFields = 4;
-  const std::array<std::int64_t, kFields> mine{
-      send.numel, static_cast<std::int64_t>(send.dtype), static_cast<std::int64_t>(op),
-      static_cast<std::int64_t>(members_hash(ring.members) >> 1)};
-  std::vector<std::int64_t> theirs(static_cast<std::size_t>(kFields * ring.m()));
+// Up to this many bytes sent per member ((m - 1) times the tensor), the
+// members swap whole tensors in one step instead of the ring's 2 (m - 1)
+// steps. Each step costs a round of notices and wake-ups across processes
+// whatever its size; for a small tensor that latency is the whole cost.
+constexpr std::size_t kDirectBytes = 64 * 1024;
+// The direct exchange's step number in the tags (the ring uses 0 to 2m - 2).
+constexpr int kDirectStep = (1 << group_tags::kStepBits) - 1;
+// What a member tells the others when verifying: numel, dtype, op, members.
+constexpr std::size_t kHeaderFields = 4;
+constexpr std::size_t kHeaderBytes = kHeaderFields * sizeof(std::int64_t);
+
+bool exchanges_directly(const TensorView& tensor, std::size_t members) {
+  return (members - 1) * tensor.nbytes() <= kDirectBytes;
+}
+
+// One step in which every member sends `out` to every other and receives
+// theirs into `slot(i)` (member i's); a failure says so.
+template <typename Slot>
+void exchange_with_every_member(Ring& ring, const TensorView& out, const Slot& slot, int step) {
   std::vector<PeerMessage> sends, receives;
-  const std::uint64_t tag = step_tag(ring.key, 0);
+  const std::uint64_t tag = step_tag(ring.key, step);
   for (int i = 0; i < ring.m(); ++i) {
     if (i == ring.me) continue;
     const int peer = ring.members[static_cast<std::size_t>(i)];
-    sends.push_back({TensorView{const_cast<std::int64_t*>(mine.data()), kFields, DType::kInt64, {}},
-                     peer, tag});
-    receives.push_back(
-        {TensorView{
-             theirs.data() + static_cast<std::ptrdiff_t>(i) * kFields, kFields, DType::kInt64, {}},
-         peer, tag});
+    sends.push_back({out, peer, tag});
+    receives.push_back({slot(static_cast<std::size_t>(i)), peer, tag});
   }
-  ring.comm.send_recv(sends, receives);
+  try {
+    ring.comm.send_recv(sends, receives);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format("{} (step {}: with every member)", e.what(), step));
+  } catch (const BackendError& e) {
+    throw BackendError(fmt::format("{} (step {}: with every member)", e.what(), step));
+  }
+}
+
+// recv = the members' tensors reduced in member order (`tensor(i)`: member
+// i's; `own`: this rank's, apart from recv): every member computes the same
+// operations on the same values, so all end bit-identical.
+template <typename Tensor>
+void reduce_in_member_order(const Ring& ring, const TensorView& own, const TensorView& recv,
+                            ReduceOp op, const Tensor& tensor) {
+  const auto of = [&](int i) { return i == ring.me ? own : tensor(static_cast<std::size_t>(i)); };
+  std::memcpy(recv.data, of(0).data, recv.nbytes());
+  for (int i = 1; i < ring.m(); ++i) reduce_into(op, recv, recv, of(i));
+  if (op == ReduceOp::kAvg) divide_inplace(recv, ring.m());
+}
+
+// Every member sends its whole tensor to every other member and reduces
+// the m tensors in member order.
+void exchange_directly(Ring& ring, const TensorView& send, const TensorView& recv, ReduceOp op) {
+  const std::size_t bytes = send.nbytes();
+  thread_local std::vector<std::byte> scratch;
+  scratch.resize(static_cast<std::size_t>(ring.m()) * bytes);
+  const auto slot = [&](std::size_t i) {
+    return TensorView{scratch.data() + i * bytes, send.numel, send.dtype, {}};
+  };
+  // recv may be send: this rank's tensor is kept apart for the reduction.
+  std::memcpy(slot(static_cast<std::size_t>(ring.me)).data, send.data, bytes);
+  exchange_with_every_member(ring, send, slot, kDirectStep);
+  reduce_in_member_order(ring, slot(static_cast<std::size_t>(ring.me)), recv, op, slot);
+}
+
+// Every member sends its (numel, dtype, op, members) to every other member
+// and compares what it receives, so all of them see a disagreement. A
+// tensor that goes directly rides in the same message, after the header:
+// receives are sized for the largest tensor that goes directly (a member
+// that takes the ring sends the header alone; a shorter message is fine),
+// so even members that disagree on the size fail cleanly. Returns whether
+// the reduction is done (the direct case).
+bool verify_members_agree(Ring& ring, const TensorView& send, const TensorView& recv, ReduceOp op) {
+  const bool direct = exchanges_directly(send, ring.members.size());
+  const std::size_t most = kHeaderBytes + kDirectBytes / (ring.members.size() - 1);
+  thread_local std::vector<std::byte> scratch;
+  scratch.assign(static_cast<std::size_t>(ring.m() + 1) * most, std::byte{0});
+  auto* mine = scratch.data() + static_cast<std::size_t>(ring.m()) * most;
+  const std::array<std::int64_t, kHeaderFields> header{
+      send.numel, static_cast<std::int64_t>(send.dtype), static_cast<std::int64_t>(op),
+      static_cast<std::int64_t>(members_hash(ring.members) >> 1)};
+  std::memcpy(mine, header.data(), kHeaderBytes);
+  if (direct) std::memcpy(mine + kHeaderBytes, send.data, send.nbytes());
+  const TensorView out{mine,
+                       static_cast<std::int64_t>(kHeaderBytes + (direct ? send.nbytes() : 0)),
+                       DType::kUInt8,
+                       {}};
+  exchange_with_every_member(
+      ring, out,
+      [&](std::size_t i) {
+        return TensorView{
+            scratch.data() + i * most, static_cast<std::int64_t>(most), DType::kUInt8, {}};
+      },
+      0);
   std::string detail;
   for (int i = 0; i < ring.m(); ++i) {
     if (i == ring.me) continue;
-    const auto* row = theirs.data() + static_cast<std::ptrdiff_t>(i) * kFields;
-    if (std::equal(row, row + kFields, mine.begin())) continue;
+    std::array<std::int64_t, kHeaderFields> row{};
+    std::memcpy(row.data(), scratch.data() + static_cast<std::size_t>(i) * most, kHeaderBytes);
+    if (row == header) continue;
     detail += fmt::format(
         "; rank {} passed {}[{}] op {}{}", ring.members[static_cast<std::size_t>(i)],
         to_string(static_cast<DType>(row[1])), row[0], to_string(static_cast<ReduceOp>(row[2])),
-        row[3] == mine[3] ? "" : " and another member list");
+        row[3] == header[3] ? "" : " and another member list");
   }
   if (!detail.empty()) {
     throw InvalidArgument(fmt::format(
         "{}: the members passed different calls: this rank {}[{}] op {}{}", describe_group(ring),
         to_string(send.dtype), send.numel, to_string(op), detail));
   }
+  if (!direct) return false;
+  const TensorView own{mine + kHeaderBytes, send.numel, send.dtype, {}};  // apart from recv
+  reduce_in_member_order(ring, own, recv, op, [&](std::size_t i) {
+    return TensorView{scratch.data() + i * most + kHeaderBytes, send.numel, send.dtype, {}};
+  });
+  return true;
 }
 
 // After it, member `me` holds the reduction of chunk (me + 1) mod m in recv.
@@ -165,7 +244,12 @@ void Communicator::do_partial_allreduce(const TensorView& send, const TensorView
   Ring ring{*this, members, 0, group_key(members, group_id), group_id};
   ring.me = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
   try {
-    if (verify) verify_members_agree(ring, send, op);
+    if (verify) {
+      if (verify_members_agree(ring, send, recv, op)) return;
+    } else if (exchanges_directly(send, members.size())) {
+      exchange_directly(ring, send, recv, op);
+      return;
+    }
     if (send.data != recv.data) std::memcpy(recv.data, send.data, send.nbytes());
     reduce_scatter_ring(ring, recv, op);
     if (op == ReduceOp::kAvg) {

@@ -137,6 +137,32 @@ TEST_CASE(
   });
 }
 
+TEST_CASE("partial_allreduce: up to 64 KiB per member, one step: (m-1) M bytes, bit-identical") {
+  // Three members: 4096 doubles (2 x 32 KiB sent) go directly, one more
+  // element takes the ring (2 (m-1)/m M); every member agrees either way.
+  for (std::int64_t n : {1000, 4096, 4097}) {
+    CAPTURE(n);
+    std::vector<std::vector<double>> results(3);
+    std::vector<std::int64_t> sent(3);
+    testing::run_ranks(3, [&](Communicator& comm) {
+      auto& data = results[static_cast<std::size_t>(comm.rank())];
+      data.resize(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) data[i] = input_of(comm.rank(), i);
+      const int all[] = {0, 1, 2};
+      const TensorView view{data.data(), n, DType::kFloat64, {}};
+      const auto before = comm.counters().bytes_sent.load();
+      comm.partial_allreduce(view, view, all, ReduceOp::kAvg, 4);
+      sent[static_cast<std::size_t>(comm.rank())] = comm.counters().bytes_sent.load() - before;
+    });
+    check_group_result(results, {0, 1, 2}, n, ReduceOp::kAvg);
+    if (n <= 4096) {
+      for (auto bytes : sent) CHECK(bytes == 2 * n * 8);  // (m - 1) M
+    } else {
+      CHECK(sent[0] + sent[1] + sent[2] == 2 * 2 * n * 8);  // 2 (m - 1) / m M, summed over m
+    }
+  }
+}
+
 TEST_CASE("partial_allreduce: overlapping groups called in the same order, many times") {
   // Ranks 0..3; rounds alternate the groups {0,1},{2,3} and {1,2},{0,3}:
   // a long chain of groups sharing members, every pair in the same order.
@@ -194,6 +220,19 @@ TEST_CASE("partial_allreduce: members that disagree fail with the group named, n
       CHECK(message.find("different calls") != std::string::npos);
     }
     CHECK(errors[0].find("rank 2 passed float32[9]") != std::string::npos);
+  }
+  SUBCASE("one member's tensor takes the ring, the others' go directly: InvalidArgument") {
+    auto errors = testing::run_ranks_collect_errors(3, [&](Communicator& comm) {
+      std::vector<float> x(comm.rank() == 1 ? 100000 : 8);
+      const int members[] = {0, 1, 2};
+      const TensorView view{x.data(), static_cast<std::int64_t>(x.size()), DType::kFloat32, {}};
+      comm.partial_allreduce(view, view, members, ReduceOp::kAvg, 3, /*verify=*/true);
+    });
+    for (const auto& message : errors) {
+      CAPTURE(message);
+      CHECK(message.find("different calls") != std::string::npos);
+    }
+    CHECK(errors[0].find("rank 1 passed float32[100000]") != std::string::npos);
   }
 }
 
