@@ -110,7 +110,9 @@ void bind_group_generator_service(py::module_& m) {
              }
              return out;
            })
-      .def("acquire_latencies_ms", &GroupGeneratorService::acquire_latencies_ms);
+      .def("acquire_latencies_ms", &GroupGeneratorService::acquire_latencies_ms)
+      .def("max_buffer_len", &GroupGeneratorService::max_buffer_len,
+           "The longest group buffer any rank had, as of this rank's last group.");
 }
 
 }  // namespace

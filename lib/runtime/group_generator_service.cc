@@ -23,9 +23,13 @@ enum Kind : std::int64_t {
   kGroupReply = 11,
   kDoneReply = 12,
   kClosedReply = 13,
+  kFailedReply = 14,  // group id: the group the lost rank held; members: the lost ranks
 };
 // Header fields before the member list.
-constexpr std::size_t kKind = 0, kRank = 1, kGroupId = 2, kCount = 3, kHeader = 4;
+constexpr std::size_t kKind = 0, kRank = 1, kGroupId = 2, kCount = 3, kMaxBuffer = 4, kHeader = 5;
+// A REQUEST has no group id: its place carries the sender's previous
+// request's round trip in microseconds.
+constexpr std::size_t kRoundTrip = kGroupId;
 // Tags of the two directions on the control communicator.
 constexpr std::uint64_t kToHost = 0x4747'0001, kToClient = 0x4747'0002;
 
@@ -58,22 +62,43 @@ GroupGeneratorService::GroupGeneratorService(Communicator& comm, GroupGeneratorO
   if (!is_host()) return;
   engine_.emplace(options_);
   closed_.assign(static_cast<std::size_t>(comm.size()), false);
+  awaiting_.assign(static_cast<std::size_t>(comm.size()), false);
+  told_ = awaiting_;
+  round_trip_us_.assign(static_cast<std::size_t>(comm.size()), 0);
   last_seen_.assign(static_cast<std::size_t>(comm.size()), std::chrono::steady_clock::now());
   asked_ = last_seen_;
-  if (comm.size() > 1) {
-    server_ = std::thread([this] { serve(); });
-    watchdog_ = std::thread([this] { watch(); });
+  host_thread_ = std::thread([this] { serve_host(); });
+  if (comm.size() == 1) return;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (r != rank_) receivers_.emplace_back([this, r] { serve_rank(r); });
   }
+  watchdog_ = std::thread([this] { watch(); });
 }
 
 GroupGeneratorService::~GroupGeneratorService() {
-  stopping_ = true;
-  changed_.notify_all();
-  if (server_.joinable()) {
-    control_->abort();  // ends the thread's wait for the next message
-    server_.join();
+  if (!receivers_.empty()) tell_clients_before_leaving();
+  {
+    const std::lock_guard lock(mutex_);  // no thread misses it between its check and its wait
+    stopping_ = true;
   }
+  changed_.notify_all();
+  if (!receivers_.empty()) control_->abort();  // ends the threads' waits for the next message
+  for (auto& receiver : receivers_) receiver.join();
   if (watchdog_.joinable()) watchdog_.join();
+  if (host_thread_.joinable()) host_thread_.join();
+}
+
+void GroupGeneratorService::tell_clients_before_leaving() {
+  const auto grace =
+      std::min<std::chrono::milliseconds>(control_->timeout() / 4, std::chrono::seconds(2));
+  std::unique_lock lock(mutex_);
+  if (failure_ == nullptr || lost_.empty()) return;
+  changed_.wait_for(lock, grace, [&] {
+    for (std::size_t r = 0; r < closed_.size(); ++r) {
+      if (static_cast<int>(r) != rank_ && !closed_[r] && !told_[r]) return false;
+    }
+    return true;
+  });
 }
 
 std::optional<Group> GroupGeneratorService::acquire() {
@@ -86,32 +111,28 @@ std::optional<Group> GroupGeneratorService::acquire() {
     std::unique_lock lock(mutex_);
     rethrow_if_failed();
     asked_[static_cast<std::size_t>(rank_)] = asked;
-    reply = engine_->request(rank_);
-    auto woken = wake_waiters();
-    if (!woken.empty()) {
-      lock.unlock();
-      send_deliveries(woken);
-      lock.lock();
+    inbox_.push_back({asked, encode(kRequest, 0)});
+    changed_.notify_all();
+    const bool answered = changed_.wait_for(
+        lock, control_->timeout(), [&] { return local_reply_.has_value() || failure_ != nullptr; });
+    rethrow_if_failed();
+    if (!answered) {
+      throw TimeoutError(
+          fmt::format("group generator on rank {} (host): no group granted within {} ms", rank_,
+                      control_->timeout().count()));
     }
-    if (reply.kind == ReplyKind::kWait && !local_reply_) {
-      const bool granted = changed_.wait_for(lock, control_->timeout(), [&] {
-        return local_reply_.has_value() || failure_ != nullptr;
-      });
-      rethrow_if_failed();
-      if (!granted) {
-        throw TimeoutError(
-            fmt::format("group generator on rank {} (host): no group granted within {} ms", rank_,
-                        control_->timeout().count()));
-      }
-    }
-    if (reply.kind == ReplyKind::kWait) reply = *std::exchange(local_reply_, std::nullopt);
+    reply = *std::exchange(local_reply_, std::nullopt);
+    const std::lock_guard record(record_mutex_);
+    max_buffer_len_ = engine_->stats().max_buffer_len;
   } else {
-    const auto message = ask(kRequest, 0, true);
+    const auto message = ask(kRequest, last_round_trip_us_, true);
     if (message[kKind] == kDoneReply) {
       reply.kind = ReplyKind::kDone;
     } else {
       reply.kind = ReplyKind::kGroup;
       reply.group = decode_group(message);
+      const std::lock_guard record(record_mutex_);
+      max_buffer_len_ = message[kMaxBuffer];
     }
   }
   if (reply.kind == ReplyKind::kDone) {
@@ -133,45 +154,30 @@ void GroupGeneratorService::complete(std::uint64_t group_id) {
       history_.back().t_end = seconds_since_epoch(std::chrono::steady_clock::now());
     }
   }
-  if (!is_host()) {
-    ask(kComplete, static_cast<std::int64_t>(group_id), false);
-    return;
-  }
-  std::vector<Delivery> deliveries;
-  {
-    const std::lock_guard lock(mutex_);
-    rethrow_if_failed();
-    engine_->complete(rank_, group_id);
-    deliveries = wake_waiters();
-  }
-  send_deliveries(deliveries);
+  announce(kComplete, static_cast<std::int64_t>(group_id));
 }
 
 void GroupGeneratorService::leave() {
   if (left_) return;
   left_ = true;
-  announce(kLeave, [this] { engine_->leave(rank_); });
+  announce(kLeave, 0);
 }
 
 void GroupGeneratorService::linger() {
   if (left_ || lingering_) return;
   lingering_ = true;
-  announce(kLinger, [this] { engine_->linger(rank_); });
+  announce(kLinger, 0);
 }
 
-void GroupGeneratorService::announce(std::int64_t kind, const std::function<void()>& on_host) {
+void GroupGeneratorService::announce(std::int64_t kind, std::int64_t group_id) {
   if (!is_host()) {
-    ask(kind, 0, false);
+    ask(kind, group_id, false);
     return;
   }
-  std::vector<Delivery> deliveries;
-  {
-    const std::lock_guard lock(mutex_);
-    rethrow_if_failed();
-    on_host();
-    deliveries = wake_waiters();
-  }
-  send_deliveries(deliveries);
+  const std::lock_guard lock(mutex_);
+  rethrow_if_failed();
+  inbox_.push_back({std::chrono::steady_clock::now(), encode(kind, group_id)});
+  changed_.notify_all();
 }
 
 void GroupGeneratorService::close() {
@@ -193,7 +199,8 @@ void GroupGeneratorService::close() {
     changed_.wait(lock, [&] { return all_closed() || failure_ != nullptr; });
     rethrow_if_failed();
   }
-  if (server_.joinable()) server_.join();
+  for (auto& receiver : receivers_) receiver.join();
+  receivers_.clear();
 }
 
 GroupGeneratorStats GroupGeneratorService::engine_stats() const {
@@ -202,6 +209,11 @@ GroupGeneratorStats GroupGeneratorService::engine_stats() const {
                   rank_);
   const std::lock_guard lock(mutex_);
   return engine_->stats();
+}
+
+std::int64_t GroupGeneratorService::max_buffer_len() const {
+  const std::lock_guard lock(record_mutex_);
+  return max_buffer_len_;
 }
 
 std::vector<ExecutedGroup> GroupGeneratorService::history() const {
@@ -235,7 +247,21 @@ std::vector<std::int64_t> GroupGeneratorService::ask(std::int64_t kind, std::int
     throw BackendError(fmt::format("group generator on rank {}: the host (rank {}) failed: {}",
                                    rank_, host_, e.what()));
   }
+  if (expect_reply && reply[kKind] == kFailedReply) raise_failed(reply);
   return reply;
+}
+
+void GroupGeneratorService::raise_failed(const std::vector<std::int64_t>& message) const {
+  std::vector<std::int64_t> lost(message.begin() + static_cast<std::ptrdiff_t>(kHeader),
+                                 message.begin() + static_cast<std::ptrdiff_t>(kHeader) +
+                                     static_cast<std::ptrdiff_t>(message[kCount]));
+  throw BackendError(fmt::format(
+      "group generator on rank {}: rank {} failed ({}; the host, rank {}, lost it): no more "
+      "groups",
+      rank_, fmt::join(lost, ", rank "),
+      message[kGroupId] == 0 ? std::string("it held no group")
+                             : fmt::format("it held group {}", message[kGroupId]),
+      host_));
 }
 
 void GroupGeneratorService::record_acquired(const Group& group,
@@ -247,65 +273,135 @@ void GroupGeneratorService::record_acquired(const Group& group,
   history_.push_back({group, seconds_since_epoch(now), 0.0});
   if (latencies_ms_.size() >= kHistoryLimit) latencies_ms_.erase(latencies_ms_.begin());
   latencies_ms_.push_back(std::chrono::duration<double, std::milli>(now - asked).count());
+  last_round_trip_us_ = std::chrono::duration_cast<std::chrono::microseconds>(now - asked).count();
 }
 
 // -- host side --------------------------------------------------------------
 
-void GroupGeneratorService::serve() {
+void GroupGeneratorService::serve_rank(int rank) {
+  const auto r = static_cast<std::size_t>(rank);
   std::vector<std::int64_t> message(message_len_, 0);
-  try {
-    while (true) {
-      std::vector<int> open;
-      {
-        const std::lock_guard lock(mutex_);
-        if (all_closed()) return;
-        for (int r = 0; r < options_.world_size; ++r) {
-          if (r != rank_ && !closed_[static_cast<std::size_t>(r)]) open.push_back(r);
-        }
-      }
-      if (open.empty()) {  // only the host itself is still open
-        std::unique_lock lock(mutex_);
-        changed_.wait(lock, [&] { return all_closed(); });
-        return;
-      }
-      const int sender =
-          control_->recv_any(int64_view(message), open, kToHost, /*wait_forever=*/true);
-      std::vector<Delivery> deliveries;
-      {
-        const std::lock_guard lock(mutex_);
-        last_seen_[static_cast<std::size_t>(sender)] = std::chrono::steady_clock::now();
-        deliveries = handle(sender, message);
-      }
-      send_deliveries(deliveries);
-      changed_.notify_all();
-    }
-  } catch (const BackendError& e) {
-    // Gloo names the failed connection by address only: list the ranks the
-    // host was serving, one of which failed or exited.
-    std::vector<std::string> open;
+  while (true) {
     {
       const std::lock_guard lock(mutex_);
-      for (int r = 0; r < options_.world_size; ++r) {
-        if (r != rank_ && !closed_[static_cast<std::size_t>(r)])
-          open.push_back(fmt::format("rank {}", r));
-      }
+      if (closed_[r] || stopping_) return;
     }
-    const std::lock_guard lock(mutex_);
-    failure_ = std::make_exception_ptr(BackendError(fmt::format(
-        "group generator host (rank {}): lost the control channel (one of {} failed or exited): {}",
-        rank_, fmt::join(open, ", "), e.what())));
-    if (!stopping_) log().error("group generator host (rank {}) stops: {}", rank_, e.what());
-    changed_.notify_all();
-  } catch (const std::exception& e) {
-    if (stopping_) {
-      log().debug("group generator host (rank {}) stopped before every rank closed", rank_);
-    } else {
+    try {
+      control_->recv_from(int64_view(message), rank, kToHost, /*wait_forever=*/true);
+    } catch (const std::exception& e) {
+      if (!stopping_) connection_lost(rank, e.what());
+      return;
+    }
+    std::vector<Delivery> deliveries;
+    try {
+      const std::lock_guard lock(mutex_);
+      last_seen_[r] = std::chrono::steady_clock::now();
+      deliveries = failure_ ? handle_after_failure(rank, message) : handle(rank, message);
+    } catch (const std::exception& e) {  // a protocol error: the service cannot go on
       log().error("group generator host (rank {}) stops: {}", rank_, e.what());
+      const std::lock_guard lock(mutex_);
+      if (!failure_) failure_ = std::current_exception();
+      changed_.notify_all();
+      return;
     }
-    const std::lock_guard lock(mutex_);
-    failure_ = std::current_exception();
+    send_deliveries(deliveries);
     changed_.notify_all();
   }
+}
+
+void GroupGeneratorService::serve_host() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    // Idle between the host's calls without a bound; the destructor ends it.
+    changed_.wait(lock, [&] { return !inbox_.empty() || stopping_; });
+    if (stopping_) return;
+    const auto [posted, message] = std::move(inbox_.front());
+    inbox_.pop_front();
+    // As long as the clients' messages take: a request the round trip, a
+    // completion the way there (until then a client counts as busy).
+    const auto delay = message[kKind] == kRequest    ? clients_round_trip()
+                       : message[kKind] == kComplete ? clients_round_trip() / 2
+                                                     : std::chrono::microseconds(0);
+    if (delay.count() > 0) {
+      lock.unlock();
+      std::this_thread::sleep_until(posted + delay);
+      lock.lock();
+    }
+    std::vector<Delivery> deliveries;
+    try {
+      if (failure_ == nullptr) deliveries = handle(rank_, message);
+    } catch (const std::exception& e) {  // the engine refused: the service cannot go on
+      log().error("group generator host (rank {}) stops: {}", rank_, e.what());
+      failure_ = std::current_exception();
+      changed_.notify_all();
+      return;
+    }
+    lock.unlock();
+    send_deliveries(deliveries);
+    lock.lock();
+  }
+}
+
+std::chrono::microseconds GroupGeneratorService::clients_round_trip() const {
+  std::vector<std::int64_t> known;
+  for (auto us : round_trip_us_) {
+    if (us > 0) known.push_back(us);
+  }
+  if (known.empty()) return {};
+  std::nth_element(known.begin(), known.begin() + static_cast<std::ptrdiff_t>(known.size() / 2),
+                   known.end());
+  // Bounded: a client's slow request (a grant it waited for) says nothing
+  // about the channel.
+  return std::min(std::chrono::microseconds(known[known.size() / 2]),
+                  std::chrono::microseconds(20000));
+}
+
+void GroupGeneratorService::connection_lost(int rank, const std::string& what) {
+  std::vector<Delivery> deliveries;
+  {
+    const std::lock_guard lock(mutex_);
+    if (closed_[static_cast<std::size_t>(rank)]) return;  // it closed, then exited
+    closed_[static_cast<std::size_t>(rank)] = true;
+    if (failure_) {
+      changed_.notify_all();
+      return;
+    }
+    log().error("group generator host (rank {}): rank {}'s connection failed: {}", rank_, rank,
+                what);
+    deliveries = fail({rank}, fmt::format("its connection to the host closed ({})", what));
+  }
+  send_deliveries(deliveries);
+}
+
+std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::fail(
+    std::vector<int> ranks, const std::string& reason) {
+  const std::string held = groups_held(ranks);
+  const auto running = engine_->executing(ranks.front());
+  const auto queued = engine_->buffer(ranks.front());
+  lost_group_ = running ? running->id : (queued.empty() ? 0 : queued.front().id);
+  lost_ = std::move(ranks);
+  failure_ = std::make_exception_ptr(
+      BackendError(fmt::format("group generator host (rank {}): rank {} failed: {}; {}", rank_,
+                               fmt::join(lost_, ", rank "), reason, held)));
+  changed_.notify_all();
+  std::vector<Delivery> notices;
+  for (int r = 0; r < options_.world_size; ++r) {
+    if (awaiting_[static_cast<std::size_t>(r)]) notices.push_back(answer(r, {}));
+  }
+  return notices;
+}
+
+std::string GroupGeneratorService::groups_held(const std::vector<int>& ranks) const {
+  std::vector<std::string> held;
+  for (int r : ranks) {
+    auto groups = engine_->buffer(r);
+    if (auto running = engine_->executing(r)) groups.insert(groups.begin(), *running);
+    for (const auto& g : groups) {
+      held.push_back(
+          fmt::format("rank {} held group {} (ranks {})", r, g.id, fmt::join(g.ranks, ",")));
+    }
+  }
+  return held.empty() ? std::string("it held no group") : fmt::format("{}", fmt::join(held, ", "));
 }
 
 std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::handle(
@@ -316,6 +412,9 @@ std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::handle(
   switch (message[kKind]) {
     case kRequest: {
       asked_[static_cast<std::size_t>(sender)] = std::chrono::steady_clock::now();
+      if (sender != rank_) round_trip_us_[static_cast<std::size_t>(sender)] = message[kRoundTrip];
+      // The host's own reply goes to local_reply_ (deliver), not answer().
+      awaiting_[static_cast<std::size_t>(sender)] = sender != rank_;
       auto deliveries = deliver(sender, engine_->request(sender));
       auto woken = wake_waiters();
       deliveries.insert(deliveries.end(), woken.begin(), woken.end());
@@ -328,11 +427,29 @@ std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::handle(
     case kLinger: engine_->linger(sender); return wake_waiters();
     case kClose:
       closed_[static_cast<std::size_t>(sender)] = true;
-      return {Delivery{sender, encode(kClosedReply, 0)}};
+      awaiting_[static_cast<std::size_t>(sender)] = true;
+      return {answer(sender, encode(kClosedReply, 0))};
     default:
       throw InternalError(fmt::format("group generator: unknown message kind {} from rank {}",
                                       message[kKind], sender));
   }
+}
+
+// After a failure the engine is left alone: requests get FAILED, closes
+// their CLOSED, the rest needs no answer.
+std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::handle_after_failure(
+    int sender, const std::vector<std::int64_t>& message) {
+  const auto r = static_cast<std::size_t>(sender);
+  if (message[kKind] == kRequest) {
+    awaiting_[r] = true;
+    return {answer(sender, {})};
+  }
+  if (message[kKind] == kClose) {
+    closed_[r] = true;
+    awaiting_[r] = true;
+    return {answer(sender, encode(kClosedReply, 0))};
+  }
+  return {};
 }
 
 std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::wake_waiters() {
@@ -352,17 +469,35 @@ std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::deliver(
     changed_.notify_all();
     return {};
   }
-  if (reply.kind == ReplyKind::kDone) return {Delivery{rank, encode(kDoneReply, 0)}};
-  return {Delivery{
-      rank, encode(kGroupReply, static_cast<std::int64_t>(reply.group.id), reply.group.ranks)}};
+  if (reply.kind == ReplyKind::kDone) return {answer(rank, encode(kDoneReply, 0))};
+  return {answer(
+      rank, encode(kGroupReply, static_cast<std::int64_t>(reply.group.id), reply.group.ranks))};
+}
+
+// The one answer to `rank`'s outstanding REQUEST or CLOSE; an empty message
+// becomes FAILED, naming the lost ranks.
+GroupGeneratorService::Delivery GroupGeneratorService::answer(int rank,
+                                                              std::vector<std::int64_t> message) {
+  BAGUA_CHECK_INTERNAL(awaiting_[static_cast<std::size_t>(rank)],
+                       "group generator host: a second answer to rank {}", rank);
+  awaiting_[static_cast<std::size_t>(rank)] = false;
+  if (message.empty()) {
+    message = encode(kFailedReply, static_cast<std::int64_t>(lost_group_), lost_);
+    told_[static_cast<std::size_t>(rank)] = true;
+  }
+  message[kMaxBuffer] = engine_->stats().max_buffer_len;
+  return Delivery{rank, std::move(message)};
 }
 
 void GroupGeneratorService::send_deliveries(const std::vector<Delivery>& deliveries) {
-  if (deliveries.empty()) return;
-  const std::lock_guard lock(send_mutex_);
   for (auto delivery : deliveries) {
-    const PeerMessage sends[] = {{int64_view(delivery.message), delivery.rank, kToClient}};
-    control_->send_recv(sends, {});
+    try {
+      const std::lock_guard lock(send_mutex_);
+      const PeerMessage sends[] = {{int64_view(delivery.message), delivery.rank, kToClient}};
+      control_->send_recv(sends, {});
+    } catch (const std::exception& e) {  // its receive was posted: its connection failed
+      if (!stopping_) connection_lost(delivery.rank, e.what());
+    }
   }
 }
 
@@ -371,39 +506,36 @@ void GroupGeneratorService::watch() {
   std::unique_lock lock(mutex_);
   while (!stopping_ && !all_closed() && failure_ == nullptr) {
     changed_.wait_for(lock, period);
-    check_silent_ranks();
-    const auto released = release_idle_lingerers();
-    if (released.empty()) continue;
+    auto deliveries = check_silent_ranks();
+    if (deliveries.empty()) deliveries = release_idle_lingerers();
+    if (deliveries.empty()) continue;
     lock.unlock();
-    send_deliveries(released);
+    send_deliveries(deliveries);
     lock.lock();
   }
 }
 
-void GroupGeneratorService::check_silent_ranks() {
-  if (failure_ != nullptr || stopping_) return;
+std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::check_silent_ranks() {
+  if (failure_ != nullptr || stopping_) return {};
   const auto now = std::chrono::steady_clock::now();
   last_seen_[static_cast<std::size_t>(rank_)] = now;  // the host's own calls need no message
   for (int r = 0; r < options_.world_size; ++r) {
     const auto x = static_cast<std::size_t>(r);
     if (closed_[x] || now - last_seen_[x] < control_->timeout()) continue;
-    const auto queued = engine_->buffer(r);
-    const auto running = engine_->executing(r);
-    if (queued.empty() && !running) continue;  // nobody waits for it
-    const auto group = running ? running->id : queued.front().id;
+    if (engine_->buffer(r).empty() && !engine_->executing(r)) continue;  // nobody waits for it
+    const auto lost = control_->lost_peers();
+    const bool gone = std::find(lost.begin(), lost.end(), r) != lost.end();
     const double silent = std::chrono::duration<double>(now - last_seen_[x]).count();
-    failure_ = std::make_exception_ptr(TimeoutError(fmt::format(
-        "group generator host (rank {}): rank {} holds group {} and has not contacted the host "
-        "for {:.1f} s (timeout {} ms): presumed dead",
-        rank_, r, group, silent, control_->timeout().count())));
-    log().error(
-        "group generator host (rank {}): rank {} silent for {:.1f} s while holding group {}", rank_,
-        r, silent, group);
-    changed_.notify_all();
-    return;
+    log().error("group generator host (rank {}): rank {} silent for {:.1f} s while holding a group",
+                rank_, r, silent);
+    return fail({r}, fmt::format("it has not contacted the host for {:.1f} s (timeout {} ms) while "
+                                 "others wait for it, and its connection is {}",
+                                 silent, control_->timeout().count(),
+                                 gone ? "lost: presumed dead"
+                                      : "open: alive but stuck, or failed without exiting"));
   }
+  return {};
 }
-
 std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::release_idle_lingerers() {
   if (failure_ != nullptr || stopping_) return {};
   const auto now = std::chrono::steady_clock::now();

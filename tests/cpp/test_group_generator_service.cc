@@ -252,3 +252,59 @@ TEST_CASE(
     CHECK(lingered_s[static_cast<std::size_t>(r)] < 0.95);
   }
 }
+
+TEST_CASE(
+    "group generator service: a rank whose connection closes is named to every rank at once") {
+  const auto timeout = std::chrono::milliseconds(5000);
+  std::vector<double> seconds(3, 0.0);
+  auto errors = testing::run_ranks_collect_errors(
+      3,
+      [&](Communicator& comm) {
+        GroupGeneratorOptions options;
+        options.world_size = 3;
+        options.group_size = 2;
+        auto service = std::make_unique<GroupGeneratorService>(comm, options);
+        if (comm.rank() == 2) {
+          REQUIRE(service->acquire().has_value());
+          service.reset();  // "dies" holding its group: its connections close
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          for (int i = 0; i < 1000; ++i) service->complete(service->acquire()->id);
+        } catch (...) {
+          seconds[static_cast<std::size_t>(comm.rank())] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          throw;
+        }
+      },
+      timeout);
+  CHECK(errors[2].empty());
+  for (int r : {0, 1}) {
+    CAPTURE(r);
+    CAPTURE(errors[static_cast<std::size_t>(r)]);
+    CHECK(errors[static_cast<std::size_t>(r)].find("rank 2 failed") != std::string::npos);
+    CHECK(errors[static_cast<std::size_t>(r)].find("group") != std::string::npos);
+    CHECK(seconds[static_cast<std::size_t>(r)] < 1.0);  // not the 5 s timeout
+  }
+  CHECK(errors[1].find("group generator on rank 1") != std::string::npos);
+}
+
+TEST_CASE("group generator service: every rank knows the longest group buffer") {
+  std::vector<std::int64_t> longest(4, -1);
+  testing::run_ranks(4, [&](Communicator& comm) {
+    GroupGeneratorOptions options;
+    options.world_size = 4;
+    options.group_size = 2;
+    options.inter_intra = true;
+    options.local_size = 2;
+    GroupGeneratorService service(comm, options);
+    for (int i = 0; i < 6; ++i) service.complete(service.acquire()->id);
+    longest[static_cast<std::size_t>(comm.rank())] = service.max_buffer_len();
+    service.leave();
+    while (auto group = service.acquire()) service.complete(group->id);
+    service.close();
+  });
+  for (auto len : longest) CHECK(len == 2);  // inter_intra queues two groups per division
+}

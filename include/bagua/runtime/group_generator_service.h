@@ -2,19 +2,32 @@
 // GroupGeneratorEngine and answers every rank's requests, so that all
 // members of a group learn the same group (design/ripples.md, 4.3).
 //
-// The host serves from a C++ thread over a control communicator of its own
-// (tagged messages, received from whichever rank sends first): no Python and
-// no GIL on the service path, so a busy training loop on the host does not
-// delay the others. The host's own calls go straight to the engine.
+// The host serves from C++ threads, one per client rank, over a control
+// communicator of its own: each thread keeps a receive from its rank posted,
+// so a request leaves the client at once and its answer comes back in one
+// more message. No Python and no GIL on the service path, so a busy training
+// loop on the host does not delay the others. The host's own calls are
+// queued too and served by a thread of the service in order, as the
+// clients' messages are: the host does not reach the engine ahead of the
+// others' requests already on their way (it would otherwise find them busy,
+// take a group alone and run ahead of them). Each client's REQUEST carries
+// how long its previous request took; the host's own requests wait the
+// median of those, so every rank pays the same for its groups.
 //
 // Protocol (fixed-size messages of int64: kind, rank, group id, member count,
-// members): a client sends REQUEST and waits for GROUP or DONE; COMPLETE,
-// LEAVE and LINGER need no answer; CLOSE is answered by CLOSED once the host processed
-// it. Every wait of a client is bounded by the communicator's timeout. The
-// host's thread ends when every rank closed; the host's own close() returns
-// only then, so a host that finishes training first never strands the rest.
-// A rank that holds a group and stays silent for the timeout (a dead
-// process: the engine cannot tell) makes the host's calls raise, naming it.
+// the longest group buffer so far, members): a client sends REQUEST and
+// waits for GROUP, DONE or FAILED; COMPLETE, LEAVE and LINGER need no
+// answer; CLOSE is answered by CLOSED once the host processed it. Every wait
+// of a client is bounded by the communicator's timeout. The host's threads
+// end when every rank closed; the host's own close() returns only then, so a
+// host that finishes training first never strands the rest.
+//
+// Failures: a client whose connection to the host closes (its process died
+// or exited) is named at once; a rank that holds a group and stays silent
+// for the timeout is named then (alive but stuck, or dead without closing).
+// From then on the host's calls raise and every client's request (and any
+// request waiting for a grant) is answered FAILED, naming the rank and the
+// group it held, so every rank learns of it at its next request.
 // A lingering rank (linger()) waits for the others to choose it; one that
 // has waited half the timeout without being chosen (the others went quiet,
 // e.g. to evaluate) is made to leave, so no wait runs into the timeout.
@@ -24,8 +37,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -76,6 +89,9 @@ class GroupGeneratorService {
   const GroupGeneratorOptions& options() const { return options_; }
   // Engine statistics: host only (elsewhere InvalidArgument).
   GroupGeneratorStats engine_stats() const;
+  // The longest group buffer any rank had, as of this rank's last group
+  // (every reply carries the engine's figure): on every rank.
+  std::int64_t max_buffer_len() const;
   // This rank's groups, oldest first (the last kHistoryLimit), and the
   // latency of its acquire() calls in milliseconds.
   std::vector<ExecutedGroup> history() const;
@@ -91,22 +107,37 @@ class GroupGeneratorService {
 
   // Client side.
   std::vector<std::int64_t> ask(std::int64_t kind, std::int64_t group_id, bool expect_reply);
-  // A message that needs no answer (LEAVE, LINGER): sent to the host, or on
-  // the host `on_host` applied to the engine, then the waiting ranks polled.
-  void announce(std::int64_t kind, const std::function<void()>& on_host);
+  [[noreturn]] void raise_failed(const std::vector<std::int64_t>& message) const;
+  // A message that needs no answer (COMPLETE, LEAVE, LINGER): sent to the
+  // host, or on the host queued for serve_host.
+  void announce(std::int64_t kind, std::int64_t group_id);
   void record_acquired(const Group& group, std::chrono::steady_clock::time_point asked);
 
   // Host side (under mutex_ unless noted).
   std::vector<Delivery> handle(int sender, const std::vector<std::int64_t>& message);
+  std::vector<Delivery> handle_after_failure(int sender, const std::vector<std::int64_t>& message);
   std::vector<Delivery> wake_waiters();
   std::vector<Delivery> deliver(int rank, const GroupReply& reply);
+  Delivery answer(int rank, std::vector<std::int64_t> message);   // clears awaiting_[rank]
   void send_deliveries(const std::vector<Delivery>& deliveries);  // without mutex_
-  void serve();                                                   // the service thread
+  void serve_rank(int rank);  // a receiving thread: rank's messages, in order
+  void serve_host();          // the host's own calls (inbox_), in order
+  // Without mutex_: `rank`'s connection failed (`what`): the host fails
+  // naming it (unless it already failed, or `rank` had closed).
+  void connection_lost(int rank, const std::string& what);
+  // The host fails: `ranks` are lost, `reason` says how; returns the FAILED
+  // answers to the ranks waiting for one.
+  std::vector<Delivery> fail(std::vector<int> ranks, const std::string& reason);
+  std::string groups_held(const std::vector<int>& ranks) const;
+  // The destructor, after a failure: keeps answering FAILED for a moment,
+  // until every client was told or closed, so that the ranks that ask next
+  // learn which rank failed rather than only that the host went away.
+  void tell_clients_before_leaving();
   // The watchdog thread: a rank that holds a group (others will wait for
   // it) and has not contacted the host for the communicator's timeout is
-  // presumed dead; the host's calls then raise, naming it.
+  // presumed dead or stuck; the host fails, naming it.
   void watch();
-  void check_silent_ranks();  // under mutex_
+  std::vector<Delivery> check_silent_ranks();  // under mutex_
   // Lingering ranks waiting for half the timeout leave; returns their replies.
   std::vector<Delivery> release_idle_lingerers();  // under mutex_
   void rethrow_if_failed() const;
@@ -129,8 +160,21 @@ class GroupGeneratorService {
   std::vector<bool> closed_;
   std::optional<GroupReply> local_reply_;  // a granted group for the host's own waiting acquire
   std::exception_ptr failure_;
+  std::vector<int> lost_;         // after a failure: the ranks named
+  std::uint64_t lost_group_ = 0;  // and the group the first of them held (0: none)
+  std::vector<bool> awaiting_;    // per rank: a REQUEST or CLOSE not answered yet
+  std::vector<bool> told_;        // per rank: answered FAILED
   std::mutex send_mutex_;
-  std::thread server_;
+  std::vector<std::thread> receivers_;  // serve_rank, one per client rank
+  struct Posted {
+    std::chrono::steady_clock::time_point at;
+    std::vector<std::int64_t> message;
+  };
+  std::deque<Posted> inbox_;                 // the host's own messages
+  std::vector<std::int64_t> round_trip_us_;  // per client, its last request's latency
+  // The median of round_trip_us_ (0 before any): what the host's request waits.
+  std::chrono::microseconds clients_round_trip() const;
+  std::thread host_thread_;  // serve_host
   std::thread watchdog_;
   std::atomic<bool> stopping_{false};  // the destructor ends the service early
   std::vector<std::chrono::steady_clock::time_point> last_seen_;  // per rank, the last message
@@ -140,6 +184,8 @@ class GroupGeneratorService {
   mutable std::mutex record_mutex_;
   std::vector<ExecutedGroup> history_;
   std::vector<double> latencies_ms_;
+  std::int64_t max_buffer_len_ = 0;
+  std::int64_t last_round_trip_us_ = 0;  // a client's previous acquire(), sent with the next
   std::optional<std::uint64_t> executing_;
   bool left_ = false;  // left, or lingered until told DONE
   bool lingering_ = false;
