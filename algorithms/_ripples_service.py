@@ -11,7 +11,7 @@
 import contextlib
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -97,20 +97,30 @@ class GroupGenerator:
         return [(i, list(r), s, e) for i, r, s, e in self._service.history()]
 
     def stats(self) -> dict:
+        """On every rank: ``requests``, ``solo``, ``mean_group_size`` (of the
+        groups this rank received), ``request_latency_ms`` (``p50``, ``p99``
+        of its ``acquire`` calls) and ``max_buffer_len`` (the longest group
+        buffer any rank had, as of this rank's last group); on the host also
+        ``engine``, the engine's own statistics."""
         history = self._service.history()
-        sizes = [len(r) for _, r, _, _ in history]
-        latencies = sorted(self._service.acquire_latencies_ms())
-
-        def quantile(q):
-            return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
-
-        stats = {"requests": len(history), "solo": sum(1 for s in sizes if s == 1),
-                 "mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0,
-                 "request_latency_ms": {"p50": quantile(0.5), "p99": quantile(0.99)}}
+        stats = group_stats([len(r) for _, r, _, _ in history], self._service.acquire_latencies_ms(),
+                            self._service.max_buffer_len())
         if self._service.rank == self._service.host_rank:
             stats["engine"] = dict(self._service.engine_stats())
-            stats["max_buffer_len"] = stats["engine"]["max_buffer_len"]
         return stats
+
+
+def group_stats(sizes: List[int], latencies_ms: List[float], max_buffer_len: int) -> dict:
+    """The statistics every rank reports about the groups it received."""
+    latencies = sorted(latencies_ms)
+
+    def quantile(q):
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
+
+    return {"requests": len(sizes), "solo": sum(1 for s in sizes if s == 1),
+            "mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0,
+            "request_latency_ms": {"p50": quantile(0.5), "p99": quantile(0.99)},
+            "max_buffer_len": max_buffer_len}
 
 
 class _StaticProgress:

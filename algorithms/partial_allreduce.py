@@ -26,14 +26,14 @@ step), so nobody waits for it in vain. ``resume(model)`` is collective.
 import logging
 import threading
 import time
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
 from bagua.torch_api import InvalidArgumentError, get_local_size
 from bagua.torch_api._core import core, tensor_view
 from bagua.torch_api.algorithms._ripples_engine import Group, GroupGeneratorEngine, static_schedule
-from bagua.torch_api.algorithms._ripples_service import GroupGenerator, _StaticProgress
+from bagua.torch_api.algorithms._ripples_service import GroupGenerator, _StaticProgress, group_stats
 from bagua.torch_api.algorithms.base import (
     Algorithm,
     AlgorithmImpl,
@@ -45,10 +45,26 @@ from bagua.torch_api.algorithms.base import (
 )
 
 __all__ = ["PartialAllReduceAlgorithm", "PartialAllReduceAlgorithmImpl", "GroupGenerator",
-           "GroupGeneratorEngine", "Group", "static_schedule"]
+           "GroupGeneratorEngine", "Group", "HistoryEntry", "static_schedule"]
 
 GENERATORS = ("static", "random", "smart")
 _log = logging.getLogger(__name__)
+
+
+class HistoryEntry(NamedTuple):
+    """One group this rank executed (``algorithm.history(model)``).
+
+    ``step``: the rank's training step when the group ran; a group drained
+    after ``abort`` (the rank no longer trains) carries the rank's last step.
+    ``group_id``: the group's place in the global order (static: the
+    scheduled step); strictly increasing along a rank's history.
+    ``t_start``, ``t_end``: ``time.monotonic()`` seconds of the P-Reduce."""
+
+    step: int
+    group_id: int
+    ranks: List[int]
+    t_start: float
+    t_end: float
 
 
 class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
@@ -82,7 +98,10 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         self._aborted = False
         self._inflight = None    # overlap: (thread, buffers, result)
         self._failed = None      # the error of a failed P-Reduce: no draining after it
-        self._history: List[tuple] = []
+        self._history: List[HistoryEntry] = []
+        self._drained = 0              # groups executed after abort
+        self._schedule_ms: List[float] = []  # static: computing each group
+        self._generator_stats = None   # the last generator's stats(), once it is dropped
         self._waited_s = 0.0
         # communication_stats(): P-Reduces with company, their seconds, and
         # the bytes of communicators already dropped (abort, then resume).
@@ -209,14 +228,25 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
                 return None
         else:
             self._progress.trained = step
-            group = Group(step, static_schedule(self._comm.rank, (step - 1) // self.communication_interval,
-                                                self._comm.size, self.local_size))
+            group = self._scheduled_group(step)
         self._execute(group, buffers, step)
         if self._generator is not None:
             self._generator.complete(group)
         return group
 
-    def _execute(self, group: Group, buffers, step: int) -> None:
+    def _scheduled_group(self, step: int) -> Group:
+        """Static: this rank's group at ``step`` (its id is the step)."""
+        start = time.perf_counter()
+        ranks = static_schedule(self._comm.rank, (step - 1) // self.communication_interval, self._comm.size,
+                                self.local_size)
+        self._schedule_ms.append((time.perf_counter() - start) * 1e3)
+        if len(self._schedule_ms) > 100000:
+            del self._schedule_ms[0]
+        return Group(step, ranks)
+
+    def _execute(self, group: Group, buffers, step: int, drained: bool = False) -> None:
+        """P-Reduces ``buffers`` in ``group`` and logs it; ``drained``: after
+        abort, at the rank's last ``step``."""
         start = time.monotonic()
         if len(group.ranks) > 1:
             for buffer in buffers:
@@ -236,7 +266,8 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         if len(group.ranks) > 1:
             self._reduces += 1
             self._reduce_s += end - start
-        self._history.append((step, group.id, list(group.ranks), start, end))
+        self._drained += int(drained)
+        self._history.append(HistoryEntry(step, group.id, list(group.ranks), start, end))
         if len(self._history) > 100000:
             del self._history[0]
 
@@ -256,7 +287,7 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
             if self._progress is not None:
                 self._progress.stop(core.env().comm_timeout_s + 1.0)
             self._drop_communicator()
-            self._generator = self._progress = None
+            self._progress = None
             return
         self._finish_reduce(bagua_ddp)
         self._aborted = True
@@ -265,42 +296,46 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         written = _written_event(buffers)
         if written is not None:
             written.synchronize()
+        last_step = bagua_ddp.step_counter
         if self._generator is not None:
             if linger:
-                self._final_group(buffers)
-            self._generator.close(drain=lambda group: self._execute(group, buffers, -1), linger=linger)
+                self._final_group(buffers, last_step)
+            self._generator.close(drain=lambda group: self._execute(group, buffers, last_step, drained=True),
+                                  linger=linger)
         else:
             self._drain_static(bagua_ddp, buffers)
         with torch.no_grad():
             _unflatten_into(buffers, params)
         self._drop_communicator()
-        self._generator = None
         self._progress = None
 
-    def _final_group(self, buffers) -> None:
+    def _final_group(self, buffers, last_step: int) -> None:
         """One more group for the weights as they end (with overlap the last
         update was applied after the last P-Reduce): the ranks that already
         stopped linger, so the one that stops last averages with them."""
         group = self._generator.acquire_group()
         if group is not None:
-            self._execute(group, buffers, -1)
+            self._execute(group, buffers, last_step, drained=True)
             self._generator.complete(group)
 
     def _drop_communicator(self) -> None:
+        """Drops the communicator and the generator (their counts kept):
+        a dropped generator aborts its channel."""
         self._bytes_of_closed_comms += self._comm.bytes_sent
         self._comm = None
+        if self._generator is not None:
+            self._generator_stats = self._generator.stats()
+            self._generator = None
 
     def _drain_static(self, bagua_ddp, buffers) -> None:
         progress = self._progress
         progress.stopped = True
         timeout_s = core.env().comm_timeout_s
-        step = bagua_ddp.step_counter + 1
+        last_step = bagua_ddp.step_counter
+        step = last_step + 1
         while progress.next_drain_step(step, timeout_s):
             if self._is_communication_step(step):
-                group = Group(step, static_schedule(self._comm.rank,
-                                                    (step - 1) // self.communication_interval,
-                                                    self._comm.size, self.local_size))
-                self._execute(group, buffers, -1)
+                self._execute(self._scheduled_group(step), buffers, last_step, drained=True)
             step += 1
         progress.join()
 
@@ -314,7 +349,7 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         except Exception as error:  # noqa: BLE001 - a peer gone: nothing left to drain with
             _log.warning("PartialAllReduceAlgorithm: draining at shutdown: %s", error)
 
-    def history(self) -> List[tuple]:
+    def history(self) -> List[HistoryEntry]:
         return list(self._history)
 
     def communication_stats(self) -> List[dict]:
@@ -324,12 +359,17 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
                  "total_seconds": self._reduce_s}]
 
     def stats(self) -> dict:
-        stats = self._generator.stats() if self._generator is not None else {}
-        sizes = [len(h[2]) for h in self._history]
+        sizes = [len(h.ranks) for h in self._history]
+        if self._generator is not None:
+            stats = self._generator.stats()
+        elif self._generator_stats is not None:  # after abort
+            stats = dict(self._generator_stats)
+        else:  # static: every group is computed here, no buffer
+            stats = group_stats(sizes, self._schedule_ms, 0)
         stats.update({"executed": len(self._history), "executed_solo": sum(1 for s in sizes if s == 1),
                       "executed_mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0,
-                      "waited_s": self._waited_s,
-                      "reduce_s": sum(h[4] - h[3] for h in self._history)})
+                      "drained": self._drained, "waited_s": self._waited_s,
+                      "reduce_s": sum(h.t_end - h.t_start for h in self._history)})
         return stats
 
 
@@ -444,12 +484,19 @@ class PartialAllReduceAlgorithm(Algorithm):
         """Collective: P-Reduce again."""
         self._impl(bagua_module).resume(bagua_module.bagua_ddp)
 
-    def history(self, bagua_module) -> List[tuple]:
-        """[(step, group_id, ranks, t_start, t_end)] this rank executed
-        (step -1: drained after abort), oldest first, the last 100000."""
+    def history(self, bagua_module) -> List[HistoryEntry]:
+        """The groups this rank executed, oldest first (the last 100000):
+        :class:`HistoryEntry` ``(step, group_id, ranks, t_start, t_end)``,
+        group ids strictly increasing; the groups drained after ``abort``
+        carry the rank's last step (``stats()["drained"]`` counts them)."""
         return self._impl(bagua_module).history()
 
     def stats(self, bagua_module) -> dict:
-        """The generator's statistics (random/smart) and this rank's: groups
-        executed, solo ones, mean size, seconds waited for and spent in P-Reduce."""
+        """On every rank and for every generator: ``requests``, ``solo``,
+        ``mean_group_size``, ``request_latency_ms`` (``p50``, ``p99``) and
+        ``max_buffer_len`` (static: 0, it has no buffer), as
+        ``GroupGenerator.stats()`` (the host adds ``engine``); then this
+        rank's ``executed``, ``executed_solo``, ``executed_mean_group_size``,
+        ``drained`` (after abort), ``waited_s`` (blocked on the P-Reduce
+        after backward) and ``reduce_s`` (inside P-Reduces)."""
         return self._impl(bagua_module).stats()

@@ -82,7 +82,8 @@ def _run(name, args, rank, world, slowdown):
     if hasattr(algorithm, "abort"):
         algorithm.abort(model)
     if hasattr(algorithm, "history"):
-        history = [h for h in algorithm.history(model) if h[0] > 0]
+        history = algorithm.history(model)  # without the groups drained at abort
+        history = history[:len(history) - algorithm.stats(model)["drained"]]
         company = sum(1 for h in history if len(h[2]) > 1) / max(1, len(history))
     model.without_bagua()
     row = torch.tensor([[steps, seconds, -1.0 if company is None else company]], dtype=torch.float64)
