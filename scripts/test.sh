@@ -2,7 +2,8 @@
 # Runs every test: installs what is missing, builds, then the C++ doctest
 # suite (meson test), the Python suite (pytest, multi-process on the CPU),
 # the C++ threaded suites under ASan+UBSan and TSan, and a packaging check
-# (pip install into a fresh venv, then a 2-rank run).
+# (pip install into a fresh venv, then a 2-rank run), and last the public
+# API, Lightning and torch.compile again on PyPI's current PyTorch 2.x.
 #
 # The suites mostly wait (timeouts, peers, sockets): about a third of the two
 # cores stays idle while they run. The sanitizer builds and the packaging
@@ -10,7 +11,10 @@
 # rather than before it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage() { echo "== $1 (at ${SECONDS} s) =="; }  # the budget is 20 minutes on 2 cores
+stage() { echo "== $1 (at ${SECONDS} s) =="; }  # the budget is 30 minutes on 2 cores
+# The tests that run a second time, on PyPI's PyTorch 2.x with Lightning.
+TORCH2_TESTS=(test_registry.py test_compile.py test_lightning.py test_loops.py test_floatgrad.py
+  test_compat_api.py test_compat_behaviour.py test_gradient_allreduce.py test_primitives.py)
 background=()  # process groups of the background builds
 package=""     # where the packaging check installs
 # On a failure, the builds still running in the background stop too. The
@@ -25,6 +29,12 @@ cleanup() {
 }
 trap cleanup EXIT
 bash scripts/install_deps.sh
+# The venv with PyPI's PyTorch 2.x and Lightning (a 5 GB download on a new
+# machine, cached after) is made while the build and the first suites run.
+mkdir -p build
+setsid nice -n 19 bash scripts/torch2_venv.sh > build/torch2-venv.out 2>&1 &
+torch2_venv=$!
+background+=("$torch2_venv")
 stage "build"
 bash scripts/build.sh
 source scripts/env.sh
@@ -53,4 +63,16 @@ bash scripts/sanitizers.sh --threaded --run-only asan tsan
 
 stage "packaging: the package installed into a fresh venv, then a 2-rank run"
 bash scripts/check_install.sh --run "$package"
+
+# Users run PyTorch 2.x: the public API, the compat modules, the training
+# loops, Lightning and torch.compile again on PyPI's current torch.
+stage "Python tests on PyTorch 2.x from PyPI (waiting for its venv first)"
+if ! wait "$torch2_venv"; then
+  cat build/torch2-venv.out
+  echo "creating the PyTorch 2.x venv failed (scripts/torch2_venv.sh)" >&2
+  exit 1
+fi
+torch2_python="$(tail -n 1 build/torch2-venv.out)/bin/python"
+"$torch2_python" -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"
+"$torch2_python" -m pytest -q --timeout=900 --durations=10 -p no:cacheprovider "${TORCH2_TESTS[@]/#/tests/python/}"
 stage "done"
