@@ -1,24 +1,33 @@
 """``algorithm="auto"``: measure, predict each algorithm's step time, run
-the fastest.
+the fastest, check the prediction once it runs.
 
 The first ``decide_after`` steps run GradientAllReduce (the exact average,
 so nothing is lost while measuring). At the end of the last of them every
 rank measures, with the same calls on every rank:
 
-- the compute time of a step: forward start to backward end, the least of
-  those steps (the profiling iteration included), and how long each then
-  still waited for its allreduces: how much of them the backward pass hid;
-- the network: a full precision allreduce and an 8-bit average
-  (``low_precision_average_inplace``, ByteGrad's scheme, compression
-  included) of a small and a large buffer, each fitted to
+- the compute time of a step (forward start to backward end) and how long
+  each step then still waited for its allreduces: together, what a
+  GradientAllReduce step takes here;
+- the network: the buckets' full precision allreduce and ByteGrad's own
+  8-bit op at a small and a large size, each fitted to
   ``latency + bytes * seconds_per_byte``;
-- PowerSGD's factor math on this device, for the model's gradient shapes.
+- PowerSGD's op itself (its factor passes and its two exchanges, 8-bit or
+  not) on a bucket of the model's gradient shapes, on this process group.
 
 The measurements are maxed over ranks, so every rank predicts the same times
 and picks the same algorithm; the cost model (:func:`predict`, written out
-in docs/auto.md) turns them into a step time per candidate. The choice, the
-measurements and the predictions are logged (info level) and kept in
-``AutoAlgorithm.decision(model)``. ``BAGUA_ALGORITHM`` names the algorithm
+in docs/auto.md) turns them into a step time per candidate.
+
+The first steps are not the steady state (the allocator and the caches warm
+up, the bucket plan is profiled), and a probe can miss what a whole step
+does, so the choice is checked: after ``verify_steps`` steps of it (for
+PowerSGD, compressed ones), its measured step time is compared with its
+prediction. Off by more than ``REMEASURE_TOLERANCE`` (30 %), every rank
+measures again (compute from the chosen algorithm's steps, the probes anew)
+and chooses again, with the step times measured so far taking the place of
+their predictions (:class:`Chooser`). Every decision, with the predicted and
+measured step times, is logged (info level) and kept in
+``AutoAlgorithm.decisions(model)``. ``BAGUA_ALGORITHM`` names the algorithm
 to run instead, without measuring.
 
 Only algorithms that average gradients are candidates: they train the same
@@ -39,16 +48,17 @@ from bagua.torch_api._core import core, log, tensor_view
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_choice, check_integer
 from bagua.torch_api.algorithms.bytegrad import ByteGradAlgorithm
 from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
-from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm, compresses
+from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm, PowerSGDAlgorithmImpl, compresses
 from bagua.torch_api.communication import calls_known_to_match
 from bagua.torch_api import InvalidArgumentError
 
-__all__ = ["AutoAlgorithm", "AutoAlgorithmImpl", "CANDIDATES", "LinkModel", "Measurements", "predict",
-           "choose", "measured_overlap"]
+__all__ = ["AutoAlgorithm", "AutoAlgorithmImpl", "CANDIDATES", "Chooser", "LinkModel", "Measurements", "predict",
+           "choose", "measured_overlap", "off_prediction"]
 
 CANDIDATES = ("gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit")
 SMALL_PROBE_BYTES = 4096
 LARGE_PROBE_BYTES = (256 << 10, 4 << 20)  # the large probe: the gradient's size, within these bounds
+REMEASURE_TOLERANCE = 0.3  # measured step off its prediction by more than this: measure again, choose again
 
 
 # -- the cost model ---------------------------------------------------------------
@@ -74,14 +84,15 @@ class Measurements:
     """What decides the choice (times in seconds, sizes in bytes)."""
 
     world_size: int
-    compute_s: float        # forward + backward of one step
-    gradient_bytes: int     # all gradients, as stored
-    buckets: int            # buckets of the gradient algorithms (one collective each)
-    allreduce: LinkModel    # full precision allreduce
-    low_precision: LinkModel  # 8-bit average; bytes counted as the float32 input's
-    powersgd_bytes: int     # what PowerSGD's two exchanges carry per step, float32
-    powersgd_math_s: float  # PowerSGD's factor math per step on this device
-    overlap: float          # share of compute_s that bucket-by-bucket communication hides
+    compute_s: float          # forward + backward of one step
+    exposed_s: float          # what a GradientAllReduce step still waited for after backward
+    gradient_bytes: int       # all gradients, as stored
+    buckets: int              # buckets of the gradient algorithms (one collective each)
+    allreduce: LinkModel      # the buckets' full precision allreduce
+    low_precision: LinkModel  # ByteGrad's 8-bit op; bytes counted as the float32 input's
+    powersgd_s: float         # PowerSGD's op, one compressed step: factor passes and exchanges
+    powersgd_8bit_s: float    # the same with 8-bit factors
+    overlap: float            # share of compute_s that bucket-by-bucket communication hides
 
 
 def measured_overlap(communication_s: float, exposed_s: float, compute_s: float) -> float:
@@ -95,32 +106,98 @@ def measured_overlap(communication_s: float, exposed_s: float, compute_s: float)
 
 
 def predict(m: Measurements) -> Dict[str, float]:
-    """Predicted step time (forward, backward and the exposed communication)
-    per candidate. The gradient algorithms communicate bucket by bucket
-    during the backward pass, which hides ``m.overlap`` of the compute time;
-    PowerSGD runs with one bucket (``one_bucket=True``) after it: its math
-    and its two exchanges add to the step. See docs/auto.md."""
+    """Predicted step time (forward, backward and what the step then waits
+    for) per candidate. See docs/auto.md.
+
+    - GradientAllReduce ran in the measured steps: their compute plus what
+      they waited for.
+    - ByteGrad communicates bucket by bucket during the backward pass, as
+      GradientAllReduce does: the backward pass hides as much of it
+      (``m.overlap`` of the compute time), but never the last bucket, which
+      starts when backward ends; what GradientAllReduce waited for beyond
+      its unhidden allreduces (hand-offs, a busy machine) it waits for too.
+    - PowerSGD runs with one bucket (``one_bucket=True``) after backward:
+      its op, timed as it runs, adds to the step."""
     if m.world_size == 1:
         return {name: m.compute_s for name in CANDIDATES}
-
-    def overlapped(communication_s: float) -> float:
-        return m.compute_s + max(0.0, communication_s - m.overlap * m.compute_s)
-
-    def after_backward(communication_s: float) -> float:
-        return m.compute_s + m.powersgd_math_s + communication_s
-
-    k = m.buckets
+    hidden = m.overlap * m.compute_s
+    allreduce_s = m.allreduce.time(m.gradient_bytes, m.buckets)
+    bytegrad_s = m.low_precision.time(m.gradient_bytes, m.buckets)
+    other = max(0.0, m.exposed_s - max(0.0, allreduce_s - hidden))
     return {
-        "gradient_allreduce": overlapped(m.allreduce.time(m.gradient_bytes, k)),
-        "bytegrad": overlapped(m.low_precision.time(m.gradient_bytes, k)),
-        "powersgd": after_backward(m.allreduce.time(m.powersgd_bytes, 2)),
-        "powersgd_8bit": after_backward(m.low_precision.time(m.powersgd_bytes, 2)),
+        "gradient_allreduce": m.compute_s + m.exposed_s,
+        "bytegrad": m.compute_s + other + max(bytegrad_s / m.buckets, bytegrad_s - hidden),
+        "powersgd": m.compute_s + m.powersgd_s,
+        "powersgd_8bit": m.compute_s + m.powersgd_8bit_s,
     }
 
 
-def choose(predictions: Dict[str, float], candidates: Sequence[str]) -> str:
-    """The candidate with the least predicted time (the first listed on a tie)."""
-    return min(candidates, key=lambda name: predictions[name])
+def choose(predictions: Dict[str, float], candidates: Sequence[str],
+           measured: Optional[Dict[str, float]] = None) -> str:
+    """The candidate with the least step time, measured where it ran (after
+    its switch), else predicted (the first listed on a tie)."""
+    measured = measured or {}
+    return min(candidates, key=lambda name: measured.get(name, predictions[name]))
+
+
+def off_prediction(predicted_s: float, measured_s: float, tolerance: float = REMEASURE_TOLERANCE) -> bool:
+    """Whether a measured step time is off its prediction by more than
+    ``tolerance`` of the prediction."""
+    return abs(measured_s - predicted_s) > tolerance * predicted_s
+
+
+class Chooser:
+    """Auto's decisions, apart from the runtime (so that the rule is tested
+    on its own): ``decide`` picks the least step time (measured where known,
+    else predicted); once the choice ran, ``check`` takes its measured step
+    time. Within ``tolerance`` of the prediction, the choice stands, unless
+    another algorithm measured faster earlier; off by more, the caller
+    measures again and calls ``decide`` with new predictions. At most one
+    decision per candidate after the first, so it cannot cycle."""
+
+    def __init__(self, candidates: Sequence[str], tolerance: float = REMEASURE_TOLERANCE):
+        self.candidates = list(candidates)
+        self.tolerance = tolerance
+        self.measured: Dict[str, float] = {}  # step times of the algorithms that ran, after their switch
+        self.log: List[dict] = []
+        self.choice: Optional[str] = None
+        self.predicted_s = 0.0  # the choice's prediction
+        self.settled = False
+        self._decisions = 0
+
+    def decide(self, step: int, predictions: Dict[str, float], reason: str) -> str:
+        self._decisions += 1
+        self.choice = choose(predictions, self.candidates, self.measured)
+        self.predicted_s = predictions[self.choice]
+        # a measured choice needs no check; the decision budget ends the search
+        self.settled = self.choice in self.measured or self._decisions > len(self.candidates)
+        self._record(step, reason, predictions)
+        return self.choice
+
+    def check(self, step: int, measured_s: float) -> bool:
+        """Records the choice's measured step; True when it is off the
+        prediction by more than the tolerance and a decision is left (measure
+        again, then ``decide``); else the choice settles on the fastest
+        measured algorithm (returned by ``self.choice``)."""
+        checked = self.choice
+        self.measured[checked] = measured_s
+        off = off_prediction(self.predicted_s, measured_s, self.tolerance)
+        if off and self._decisions <= len(self.candidates):
+            self._record(step, f"measured {measured_s:.4f} s, predicted {self.predicted_s:.4f} s: "
+                               f"off by more than {self.tolerance:.0%}, measuring again", {checked: self.predicted_s})
+            return True
+        self.settled = True
+        fastest = min(self.measured, key=self.measured.get)
+        reason = "measured within the tolerance of its prediction" if not off else "no decision left"
+        if fastest != checked:
+            reason = f"{checked} measured {measured_s:.4f} s; {fastest} measured faster"
+            self.choice = fastest
+        self._record(step, reason, {checked: self.predicted_s})
+        return False
+
+    def _record(self, step: int, reason: str, predictions: Dict[str, float]) -> None:
+        self.log.append({"step": step, "choice": self.choice, "reason": reason,
+                         "predicted_step_s": dict(predictions), "measured_step_s": dict(self.measured)})
 
 
 # -- the measurements ---------------------------------------------------------------
@@ -138,91 +215,118 @@ def _timed(call: Callable[[], None], comm, repeats: int) -> float:
     return best
 
 
-def probe_links(comm, gradient_bytes: int, repeats: int = 3) -> List[float]:
-    """[small, large] probe sizes and the [allreduce, 8-bit average] times
-    at each: ``[small_bytes, large_bytes, ar_small, ar_large, lp_small, lp_large]``."""
-    large = int(min(max(gradient_bytes, LARGE_PROBE_BYTES[0]), LARGE_PROBE_BYTES[1]))
-    result = [SMALL_PROBE_BYTES, large]
-    for collective in (bagua.allreduce_inplace, bagua.low_precision_average_inplace):
-        for size in (SMALL_PROBE_BYTES, large):
-            buffer = torch.ones(size // 4, dtype=torch.float32)
-            result.append(_timed(lambda: collective(buffer, comm=comm), comm, repeats))
+def _probe_sizes(gradient_bytes: int) -> List[int]:
+    return [SMALL_PROBE_BYTES, int(min(max(gradient_bytes, LARGE_PROBE_BYTES[0]), LARGE_PROBE_BYTES[1]))]
+
+
+class _ProbeBucket:
+    """A bucket of fresh tensors (random values) on its own backend, run as
+    the runtime runs a model's: mark every tensor ready, wait. What its ops
+    cost is what they cost in a step, without the model's other work."""
+
+    def __init__(self, shapes: Sequence[torch.Size], dtype, device, name: str):
+        numels = [max(1, int(torch.Size(s).numel())) for s in shapes]
+        self.flat = torch.randn(sum(numels), dtype=dtype, device=device)
+        self.tensors = [t.view(s) for t, s in zip(self.flat.split(numels), shapes)]
+        self.names = [f"{name}.{i}" for i in range(len(shapes))]
+        self.bucket = core.Bucket(name, [(n, tensor_view(t, allow_cuda=True))
+                                         for n, t in zip(self.names, self.tensors)])
+        self.keep: List[torch.Tensor] = []  # state the ops update in place
+
+    def time(self, process_group, repeats: int) -> float:
+        backend = core.Backend(process_group.get_rank())
+        backend.register_ordered_buckets([self.bucket])
+
+        def step() -> None:
+            for name in self.names:
+                backend.mark_communication_ready(name)
+            backend.wait_pending_comm_ops()
+        return _timed(step, process_group, repeats)
+
+
+def probe_links(process_group, gradient_bytes: int, repeats: int = 3) -> List[float]:
+    """The buckets' allreduce and ByteGrad's op at a small and a large size:
+    ``[small_bytes, large_bytes, ar_small, ar_large, lp_small, lp_large]``."""
+    sizes = _probe_sizes(gradient_bytes)
+    result: List[float] = list(sizes)
+    comm = process_group.get_bucket_communicator()
+    for compressed in (False, True):
+        for size in sizes:
+            probe = _ProbeBucket([torch.Size([size // 4])], torch.float32, torch.device("cpu"), "auto_link")
+            if compressed:
+                probe.bucket.append_centralized_low_precision_op(
+                    comm, None, core.CentralizedLowPrecisionOptions(hierarchical=False, average=True))
+            else:
+                probe.bucket.append_centralized_synchronous_op(
+                    comm, None, core.CentralizedSynchronousOptions(hierarchical=False, average=True))
+            result.append(probe.time(process_group, repeats))
     return result
 
 
-def powersgd_plan(shapes: Sequence[torch.Size], rank: int, min_compression_rate: float = 2.0) -> int:
-    """Float32 bytes PowerSGD's two exchanges carry per step for gradients
-    of ``shapes``: P (n * r) and Q (m * r) per compressed matrix, the rest
-    uncompressed."""
-    elements = 0
-    for shape in shapes:
-        if compresses(shape, rank, min_compression_rate):
-            n = shape[0]
-            elements += (n + shape.numel() // n) * rank
-        else:
-            elements += shape.numel()
-    return 4 * elements
-
-
-def time_powersgd_math(params: Sequence[torch.Tensor], rank: int, repeats: int = 2) -> float:
-    """Seconds of one step of PowerSGD's factor math (P = MQ, Gram-Schmidt,
-    Q = M^T P, M' = PQ^T, the new error) for gradients shaped as ``params``,
-    on their device, without communication."""
-    matrices = [p for p in params if compresses(p.shape, rank, 2.0)]
-    if not matrices:
-        return 0.0
-    work = []
-    for p in matrices:
-        rows, cols = p.shape[0], p.numel() // p.shape[0]
-        work.append([torch.randn(rows, cols, dtype=p.dtype, device=p.device) for _ in range(2)] +
-                    [torch.randn(cols, rank, dtype=p.dtype, device=p.device),
-                     torch.empty(rows, rank, dtype=p.dtype, device=p.device), rows, cols])
-
-    def once() -> None:  # the op's own steps (include/bagua/ops/low_rank_steps.h)
-        for m, error, q, p, rows, cols in work:
-            core.low_rank_step(*(tensor_view(t, allow_cuda=True) for t in (m, error, q, p)), rows, cols, rank)
-
-    once()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        once()
-        best = min(best, time.perf_counter() - start)
-    return best
+def time_powersgd_op(params: Sequence[torch.Tensor], rank: int, low_precision: bool, process_group,
+                     repeats: int = 3) -> float:
+    """Seconds of one compressed step of PowerSGD's op (error feedback, the
+    factor passes, Gram-Schmidt, both exchanges) on one bucket of gradients
+    shaped as ``params``, with their dtype and device, over
+    ``process_group``: the op auto would run, as it runs. Collective."""
+    first = params[0]
+    probe = _ProbeBucket([p.shape for p in params], first.dtype, first.device, "auto_powersgd")
+    matrices = []
+    for index, t in enumerate(probe.tensors):
+        if compresses(t.shape, rank, 2.0):
+            rows, cols = t.shape[0], t.numel() // t.shape[0]
+            q = torch.randn(cols, rank, dtype=t.dtype, device=t.device)
+            error = torch.zeros_like(t)
+            probe.keep += [q, error]
+            matrices.append((index, rows, cols, tensor_view(q, allow_cuda=True),
+                             tensor_view(error, allow_cuda=True)))
+    op = probe.bucket.append_powersgd_op(process_group.get_bucket_communicator(), matrices,
+                                         core.PowerSGDOptions(rank=rank, low_precision=low_precision))
+    op.compressing = True
+    return probe.time(process_group, repeats)
 
 
 # -- the algorithm --------------------------------------------------------------------
 class AutoAlgorithmImpl(AlgorithmImpl):
     """Runs ``current`` (GradientAllReduce while measuring, then the choice),
-    forwarding the runtime's calls to it."""
+    forwarding the runtime's calls to it, and times its steps until the
+    choice is settled."""
 
     def __init__(self, process_group, candidates: Sequence[str], decide_after: int, powersgd_rank: int,
-                 powersgd_start_iter: int, overlap: Optional[float]):
+                 powersgd_start_iter: int, overlap: Optional[float], verify_steps: int = 3):
         super().__init__(process_group)
         self.candidates = list(candidates)
         self.decide_after = decide_after
+        self.verify_steps = verify_steps
         self.powersgd_rank = powersgd_rank
         self.powersgd_start_iter = powersgd_start_iter
         self.overlap = overlap
+        self.chooser: Optional[Chooser] = None
         self.choice: Optional[str] = None
         self.decision: Optional[dict] = None
-        self._compute_samples: List[float] = []
-        self._exposed_samples: List[float] = []  # waiting for communication after backward
+        self._samples: List[List[float]] = []  # [compute, exposed] of the current algorithm's steps
+        self._skip = 0                         # steps left out after a switch (new buffers)
+        self._ga_exposed_s = 0.0               # what the first GradientAllReduce steps waited for
         self._forward_start = 0.0
         self._next: Optional[AlgorithmImpl] = None
-        override = core.env().algorithm
+        self._fixed_log: List[dict] = []       # without a chooser: the override, or a checkpoint's log
+        self._start(core.env().algorithm)
+
+    def _start(self, override: str) -> None:
         if override:
             self._agree_on_override(override)
-            self.choice = override
-            self.decision = {"choice": override, "reason": "BAGUA_ALGORITHM"}
-            self.current = self._reify(override)
-            self._log()
-        elif process_group.get_size() == 1:
-            self.choice = "gradient_allreduce"
-            self.decision = {"choice": self.choice, "reason": "one rank: nothing to communicate"}
-            self.current = self._reify(self.choice)
+            self._fixed(override, "BAGUA_ALGORITHM")
+            self._log(self.decision)
+        elif self.process_group.get_size() == 1:
+            self._fixed("gradient_allreduce", "one rank: nothing to communicate")
         else:
-            self.current = self._reify("gradient_allreduce")
+            self.chooser = Chooser(self.candidates)
+            self.current, self._current_name = self._reify("gradient_allreduce"), "gradient_allreduce"
+
+    def _fixed(self, name: str, reason: str) -> None:
+        self.choice, self.decision = name, {"choice": name, "reason": reason}
+        self.current, self._current_name = self._reify(name), name
+        self._fixed_log = [self.decision]
 
     def _reify(self, name: str) -> AlgorithmImpl:
         algorithm = {
@@ -243,42 +347,91 @@ class AutoAlgorithmImpl(AlgorithmImpl):
             comm.verify_same_call(f"AutoAlgorithm with BAGUA_ALGORITHM={name}",
                                   core.TensorView(0, 0, "float32", "cpu"), -1)
 
-    # -- measuring and deciding ----------------------------------------------------
     @property
     def deciding(self) -> bool:
-        return self.choice is None
+        """Still timing steps: measuring, or checking the choice."""
+        return self.chooser is not None and not self.chooser.settled
 
-    def _decide(self, bagua_ddp) -> None:
+    @property
+    def decisions(self) -> List[dict]:
+        return self.chooser.log if self.chooser is not None else self._fixed_log
+
+    # -- timing the steps ---------------------------------------------------------------
+    def _steady(self, bagua_ddp) -> bool:
+        """Whether this step shows the current algorithm as it will run: not
+        the first after a switch (new buffers, first touches), and for
+        PowerSGD a compressed one."""
+        if self._skip > 0:
+            self._skip -= 1
+            return False
+        return not isinstance(self.current, PowerSGDAlgorithmImpl) or \
+            bagua_ddp.step_counter > self.powersgd_start_iter
+
+    def _sample(self, bagua_ddp, compute_s: float, exposed_s: float) -> None:
+        if not self._steady(bagua_ddp):
+            return
+        self._samples.append([compute_s, exposed_s])
+        needed = self.decide_after if self.chooser.choice is None else self.verify_steps
+        if len(self._samples) >= needed:
+            compute_s, step_s = self._agreed_samples()
+            if self.chooser.choice is None:
+                self._ga_exposed_s = step_s - compute_s
+                self._decide(bagua_ddp, compute_s, "least predicted step time")
+            elif self.chooser.check(bagua_ddp.step_counter, step_s):
+                self._decide(bagua_ddp, compute_s, "least step time after measuring again")
+            else:
+                self._log(self.chooser.log[-1])
+                self._switch_to(self.chooser.choice)
+
+    def _agreed_samples(self) -> List[float]:
+        """[compute, step] of the timed steps: per step the slowest rank's
+        (the ranks wait for each other), the least over the steps; the same
+        on every rank. Collective."""
+        samples = torch.tensor(self._samples, dtype=torch.float64)
+        self._samples = []
+        with calls_known_to_match():
+            bagua.allreduce_inplace(samples, op=bagua.ReduceOp.MAX, comm=self.process_group)
+        return [samples[:, 0].min().item(), samples.sum(dim=1).min().item()]
+
+    # -- measuring and deciding ----------------------------------------------------
+    def _measure(self, bagua_ddp, compute_s: float) -> Measurements:
+        """The probes (every rank makes the same calls, in the same order),
+        maxed over ranks, with the compute time of the timed steps."""
         params = [p for _, p in bagua_ddp.bagua_build_params()]
         gradient_bytes = sum(p.numel() * p.element_size() for p in params)
-        with calls_known_to_match():  # every rank makes the same calls, in the same order
-            local = [min(self._compute_samples), min(self._exposed_samples),
-                     time_powersgd_math(params, self.powersgd_rank)]
-            local += probe_links(self.process_group, gradient_bytes)
+        with calls_known_to_match():
+            local = probe_links(self.process_group, gradient_bytes)
+            local += [time_powersgd_op(params, self.powersgd_rank, low, self.process_group) for low in (False, True)]
             agreed = torch.tensor(local, dtype=torch.float64)
             bagua.allreduce_inplace(agreed, op=bagua.ReduceOp.MAX, comm=self.process_group)
-        compute_s, exposed_s, math_s, small, large, ar_small, ar_large, lp_small, lp_large = agreed.tolist()
+        small, large, ar_small, ar_large, lp_small, lp_large, powersgd_s, powersgd_8bit_s = agreed.tolist()
         allreduce = LinkModel.fit(int(small), ar_small, int(large), ar_large)
         buckets = len(bagua_ddp.bagua_buckets)
         overlap = self.overlap if self.overlap is not None else \
-            measured_overlap(allreduce.time(gradient_bytes, buckets), exposed_s, compute_s)
-        measured = Measurements(
-            world_size=self.process_group.get_size(), compute_s=compute_s, gradient_bytes=gradient_bytes,
-            buckets=buckets, allreduce=allreduce,
+            measured_overlap(allreduce.time(gradient_bytes, buckets), self._ga_exposed_s, compute_s)
+        return Measurements(
+            world_size=self.process_group.get_size(), compute_s=compute_s, exposed_s=self._ga_exposed_s,
+            gradient_bytes=gradient_bytes, buckets=buckets, allreduce=allreduce,
             low_precision=LinkModel.fit(int(small), lp_small, int(large), lp_large),
-            powersgd_bytes=powersgd_plan([p.shape for p in params], self.powersgd_rank),
-            powersgd_math_s=math_s, overlap=overlap)
-        predictions = predict(measured)
-        self.choice = choose(predictions, self.candidates)
-        self.decision = {"choice": self.choice, "reason": "least predicted step time",
-                         "predicted_step_s": predictions, "measurements": dataclasses.asdict(measured)}
-        self._log()
-        if self.choice != "gradient_allreduce":
-            self._next = self._reify(self.choice)
+            powersgd_s=powersgd_s, powersgd_8bit_s=powersgd_8bit_s, overlap=overlap)
 
-    def _log(self) -> None:
+    def _decide(self, bagua_ddp, compute_s: float, reason: str) -> None:
+        measured = self._measure(bagua_ddp, compute_s)
+        self.chooser.decide(bagua_ddp.step_counter, predict(measured), reason)
+        self.chooser.log[-1]["measurements"] = dataclasses.asdict(measured)
+        self._log(self.chooser.log[-1])
+        self._switch_to(self.chooser.choice)
+
+    def _switch_to(self, name: str) -> None:
+        """``name`` runs from the next step's forward (the buckets are rebuilt
+        for it); its first step is not timed."""
+        self.choice, self.decision = name, self.chooser.log[-1]
+        if name != self._current_name:
+            self._next, self._current_name, self._skip = self._reify(name), name, 1
+
+    def _log(self, decision: dict) -> None:
         if self.process_group.get_rank() == 0:
-            log("info", f"AutoAlgorithm: {json.dumps(self.decision)}")
+            log("info", f"AutoAlgorithm: {json.dumps(decision)}")
 
     # -- the runtime's calls, forwarded ------------------------------------------------
     def need_reset(self) -> bool:
@@ -298,11 +451,10 @@ class AutoAlgorithmImpl(AlgorithmImpl):
 
     def init_forward_pre_hook(self, bagua_ddp):
         inner = self.current.init_forward_pre_hook(bagua_ddp)
-        if not self.deciding:
-            return inner
 
         def hook(inputs):
-            self._forward_start = time.perf_counter()
+            if self.deciding:
+                self._forward_start = time.perf_counter()
             inner(inputs)
         return hook
 
@@ -311,16 +463,13 @@ class AutoAlgorithmImpl(AlgorithmImpl):
 
     def init_post_backward_hook(self, bagua_ddp):
         inner = self.current.init_post_backward_hook(bagua_ddp)
-        if not self.deciding:
-            return inner
 
         def hook():
+            if not self.deciding:
+                return inner()
             backward_end = time.perf_counter()
-            self._compute_samples.append(backward_end - self._forward_start)
             inner()  # waits for the buckets still communicating
-            self._exposed_samples.append(time.perf_counter() - backward_end)
-            if self.deciding and len(self._compute_samples) >= self.decide_after:
-                self._decide(bagua_ddp)
+            self._sample(bagua_ddp, backward_end - self._forward_start, time.perf_counter() - backward_end)
         return hook
 
     def init_post_optimizer_step_hook(self, bagua_ddp):
@@ -340,7 +489,7 @@ class AutoAlgorithmImpl(AlgorithmImpl):
 
     # -- checkpoints: a resumed run keeps the choice -------------------------------------
     def state_dict(self, bagua_ddp) -> dict:
-        return {"choice": self.choice, "decision": self.decision,
+        return {"choice": self.choice, "decision": self.decision, "decisions": self.decisions,
                 "algorithm_state": self.current.state_dict(bagua_ddp)}
 
     def load_state_dict(self, bagua_ddp, state: dict) -> None:
@@ -348,17 +497,19 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         if saved is None:
             return  # saved while still measuring: this run measures again
         impl = self._next or self.current
-        if saved != self.choice:
+        if saved != self._current_name:
             impl = self._reify(saved)
         impl.load_state_dict(bagua_ddp, state.get("algorithm_state", {}))
         if impl is not self.current:
             self._next = impl  # takes over at the rebuild the checkpoint's loading asks for
-        self.choice, self.decision = saved, state.get("decision")
+        self.choice, self.decision, self._current_name = saved, state.get("decision"), saved
+        self.chooser = None  # the saved choice runs as it is, unchecked
+        self._fixed_log = list(state.get("decisions", [self.decision]))
 
 
 class AutoAlgorithm(Algorithm):
     def __init__(self, candidates: Sequence[str] = CANDIDATES, decide_after: int = 3, powersgd_rank: int = 1,
-                 powersgd_start_iter: int = 10, overlap: Optional[float] = None):
+                 powersgd_start_iter: int = 10, overlap: Optional[float] = None, verify_steps: int = 3):
         """
         Args:
             candidates: the algorithms to choose from (names of ``CANDIDATES``).
@@ -369,12 +520,17 @@ class AutoAlgorithm(Algorithm):
             overlap: the share of a step's compute time that bucket-by-bucket
                 communication hides behind; None (default): measured in the
                 GradientAllReduce steps (docs/auto.md).
+            verify_steps: steps of the chosen algorithm timed (after its
+                first, and for PowerSGD compressed ones) to check its
+                prediction; off by more than 30 %, auto measures again and
+                may choose again.
         """
         if not candidates or isinstance(candidates, str):
             raise InvalidArgumentError(f"AutoAlgorithm: candidates must be a list of names from {CANDIDATES}")
         for name in candidates:
             check_choice(type(self).__name__, "candidates", name, CANDIDATES)
         check_integer(type(self).__name__, "decide_after", decide_after, 1)
+        check_integer(type(self).__name__, "verify_steps", verify_steps, 1)
         check_integer(type(self).__name__, "powersgd_rank", powersgd_rank, 1)
         check_integer(type(self).__name__, "powersgd_start_iter", powersgd_start_iter, 0)
         if overlap is not None and (not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1):
@@ -382,20 +538,33 @@ class AutoAlgorithm(Algorithm):
                 f"AutoAlgorithm: overlap must be None or a number in [0, 1], got {overlap!r}")
         self.candidates = list(candidates)
         self.decide_after = decide_after
+        self.verify_steps = verify_steps
         self.powersgd_rank = powersgd_rank
         self.powersgd_start_iter = powersgd_start_iter
         self.overlap = None if overlap is None else float(overlap)
 
     def reify(self, process_group) -> AutoAlgorithmImpl:
         return AutoAlgorithmImpl(process_group, self.candidates, self.decide_after, self.powersgd_rank,
-                                 self.powersgd_start_iter, self.overlap)
+                                 self.powersgd_start_iter, self.overlap, self.verify_steps)
+
+    @staticmethod
+    def _impl(model) -> AutoAlgorithmImpl:
+        impl = model.bagua_ddp.bagua_algorithm_impl
+        if not isinstance(impl, AutoAlgorithmImpl):
+            raise InvalidArgumentError("AutoAlgorithm: this module is not wrapped with AutoAlgorithm")
+        return impl
 
     @staticmethod
     def decision(model) -> Optional[dict]:
-        """The choice of a module wrapped with ``algorithm="auto"``: its name,
-        why, and (when measured) the measurements and predicted step times;
-        None while still measuring."""
-        impl = model.bagua_ddp.bagua_algorithm_impl
-        if not isinstance(impl, AutoAlgorithmImpl):
-            raise InvalidArgumentError("AutoAlgorithm.decision: this module is not wrapped with AutoAlgorithm")
-        return impl.decision
+        """The latest decision of a module wrapped with ``algorithm="auto"``:
+        the algorithm that runs (``choice``), why, and for a choice made by
+        measuring the predicted and measured step times and the
+        measurements; None while measuring the first steps."""
+        return AutoAlgorithm._impl(model).decision
+
+    @staticmethod
+    def decisions(model) -> List[dict]:
+        """Every decision so far, in order: each choice with the step (the
+        engine's count), the reason, the predicted step times (for a choice)
+        and the step times measured by then."""
+        return AutoAlgorithm._impl(model).decisions

@@ -43,7 +43,8 @@ def scenario_auto(out_dir, override="", steps="6"):
     bagua.init_process_group()
     rank = bagua.get_rank()
     model, opt = fresh_model_and_optimizer("sgd")
-    model = model.with_bagua([opt], AutoAlgorithm(decide_after=2, powersgd_start_iter=2))
+    # the first choice runs to the end (its check would come after step 50)
+    model = model.with_bagua([opt], AutoAlgorithm(decide_after=2, powersgd_start_iter=2, verify_steps=50))
     decisions = []
     auto_params = _train(model, opt, rank, int(steps), decisions)
     impl = model.bagua_ddp.bagua_algorithm_impl
@@ -55,6 +56,35 @@ def scenario_auto(out_dir, override="", steps="6"):
     direct_params = _train(direct_model, direct_opt, rank, int(steps))
     torch.save({"decisions": decisions, "current": type(impl.current).__name__, "state_choice": state["choice"],
                 "auto": auto_params, "direct": direct_params}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_remeasure(out_dir):
+    """The first prediction of PowerSGD is made 1000x too small: once it ran
+    (2 compressed steps), its measured step is far off, so auto measures
+    again and chooses again with the measured time in place of the
+    prediction. Records every rank's decision log and what runs at the end."""
+    import bagua.torch_api.algorithms.auto as auto
+
+    predict, calls = auto.predict, []
+
+    def first_one_wrong(m):
+        p = predict(m)
+        calls.append(dict(p))
+        if len(calls) == 1:
+            p["powersgd"] = p["gradient_allreduce"] / 1000
+        return p
+
+    auto.predict = first_one_wrong
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    model, opt = fresh_model_and_optimizer("sgd")
+    model = model.with_bagua([opt], AutoAlgorithm(candidates=["gradient_allreduce", "powersgd"], decide_after=2,
+                                                  powersgd_start_iter=2, verify_steps=2))
+    _train(model, opt, rank, 12)
+    impl = model.bagua_ddp.bagua_algorithm_impl
+    torch.save({"log": AutoAlgorithm.decisions(model), "deciding": impl.deciding, "predictions": calls,
+                "current": type(impl.current).__name__, "choice": impl.choice},
+               os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 def scenario_override_mismatch(out_dir):

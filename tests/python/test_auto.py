@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from bagua.torch_api import InvalidArgumentError
-from bagua.torch_api.algorithms.auto import (CANDIDATES, AutoAlgorithm, LinkModel, Measurements, choose,
-                                             measured_overlap, powersgd_plan, predict)
+from bagua.torch_api.algorithms.auto import (CANDIDATES, AutoAlgorithm, Chooser, LinkModel, Measurements, choose,
+                                             measured_overlap, off_prediction, predict)
 from launcher import run_workers
 
 WORKERS = Path(__file__).with_name("auto_workers.py")
 
 
 def measurements(**changes):
-    base = dict(world_size=4, compute_s=0.1, gradient_bytes=20_000_000, buckets=2,
+    base = dict(world_size=4, compute_s=0.1, exposed_s=0.01, gradient_bytes=20_000_000, buckets=2,
                 allreduce=LinkModel(1e-3, 1 / 10e9), low_precision=LinkModel(2e-3, 1 / 30e9),
-                powersgd_bytes=200_000, powersgd_math_s=0.02, overlap=0.5)
+                powersgd_s=0.03, powersgd_8bit_s=0.035, overlap=0.5)
     base.update(changes)
     return Measurements(**base)
 
@@ -37,16 +37,21 @@ def test_link_model_fits_the_line_through_two_points_and_never_goes_negative():
 
 def test_predict_by_hand():
     """Each formula of docs/auto.md on one set of numbers."""
-    m = measurements()
-    p = predict(m)
-    hidden = 0.5 * 0.1
-    assert p["gradient_allreduce"] == pytest.approx(0.1 + max(0, 2 * 1e-3 + 20e6 / 10e9 - hidden))
-    assert p["bytegrad"] == pytest.approx(0.1 + max(0, 2 * 2e-3 + 20e6 / 30e9 - hidden))
-    # one bucket after backward: two exchanges, nothing hidden
-    assert p["powersgd"] == pytest.approx(0.1 + 0.02 + 2 * 1e-3 + 2e5 / 10e9)
-    assert p["powersgd_8bit"] == pytest.approx(0.1 + 0.02 + 2 * 2e-3 + 2e5 / 30e9)
-    # nothing to hide it behind: the whole communication shows
-    assert predict(measurements(overlap=0.0))["gradient_allreduce"] == pytest.approx(0.1 + 2e-3 + 2e-3)
+    p = predict(measurements())
+    assert p["gradient_allreduce"] == pytest.approx(0.1 + 0.01)  # it ran: compute + what it waited for
+    # ByteGrad's op (4.67 ms) hides behind 50 ms but its last bucket; the 10 ms GradientAllReduce
+    # waited beyond its hidden allreduces (4 ms) it waits too
+    bytegrad = 2 * 2e-3 + 20e6 / 30e9
+    assert p["bytegrad"] == pytest.approx(0.1 + 0.01 + bytegrad / 2)
+    assert p["powersgd"] == pytest.approx(0.1 + 0.03)  # one bucket after backward: its timed op adds
+    assert p["powersgd_8bit"] == pytest.approx(0.1 + 0.035)
+    # nothing hidden: GradientAllReduce's wait (40 ms) is its allreduces (4 ms) and 36 ms more
+    slow_wait = predict(measurements(overlap=0.0, exposed_s=0.04))
+    assert slow_wait["bytegrad"] == pytest.approx(0.1 + (0.04 - 4e-3) + bytegrad)
+    # half hidden: 0.2 s of allreduces, 0.15 s waited; ByteGrad's 0.1 s op less the 50 ms hidden
+    half = predict(measurements(exposed_s=0.15, allreduce=LinkModel(0.0, 0.2 / 20e6),
+                                low_precision=LinkModel(0.0, 0.1 / 20e6)))
+    assert half["bytegrad"] == pytest.approx(0.1 + 0.05)
     assert set(predict(measurements(world_size=1)).values()) == {0.1}
 
 
@@ -58,30 +63,113 @@ def test_overlap_is_what_the_backward_pass_hid():
     assert measured_overlap(0.5, 0.0, 0.0) == 0.0
 
 
+def mlp_at_100_mbit(**changes):
+    """What auto measured on the MLP 64-1024-2048-1024-10 at 100 Mbit/s, 2
+    ranks, rank 1 (bench/slow_network.py --model deep_mlp, 2026-11-29): its
+    GradientAllReduce steps took 1.52 s, PowerSGD's op 34 ms, the 8-bit one
+    36 ms (bench: PowerSGD 49.4 ms, 8-bit 50.9 ms without the optimizer)."""
+    base = dict(world_size=2, compute_s=0.0149, exposed_s=1.50, gradient_bytes=17_096_744, buckets=2,
+                allreduce=LinkModel(2.0e-5, 8.47e-8), low_precision=LinkModel(2.2e-4, 3.4e-8),
+                powersgd_s=0.034, powersgd_8bit_s=0.036, overlap=0.0)
+    base.update(changes)
+    return Measurements(**base)
+
+
+def test_powersgd_is_predicted_by_its_timed_op():
+    """Before, PowerSGD's step was its factor math (5.5 ms, timed alone) and
+    two exchanges on the probe's line: 24.6 ms for a step measured at 49.4
+    (0.5x; the 8-bit one 21.9 for 50.9). Now the op itself is timed, as it
+    runs: exchanges, Gram-Schmidt, copies, 8-bit coding included."""
+    p = predict(mlp_at_100_mbit())
+    assert p["powersgd"] == pytest.approx(0.0489)
+    assert p["powersgd_8bit"] == pytest.approx(0.0509)
+    assert p["gradient_allreduce"] == pytest.approx(1.5149)  # what its measured steps took
+    assert choose(p, CANDIDATES) == "powersgd"
+
+
 def test_choice_follows_the_network():
-    fast = measurements()  # 10 GB/s: the gradient hides behind backward; PowerSGD's math does not
+    fast = measurements()  # 10 GB/s: the allreduce hides behind backward; PowerSGD's op does not
     assert choose(predict(fast), CANDIDATES) == "gradient_allreduce"
-    slow = measurements(allreduce=LinkModel(1e-3, 1 / 12.5e6), low_precision=LinkModel(2e-3, 1 / 40e6))
-    assert choose(predict(slow), CANDIDATES) == "powersgd_8bit"  # 3.2x fewer seconds per byte here
-    assert choose(predict(slow), ["gradient_allreduce", "bytegrad", "powersgd"]) == "powersgd"
-    # PowerSGD not allowed: 8-bit gradients are the next best on a slow link
+    slow = mlp_at_100_mbit()
     assert choose(predict(slow), ["gradient_allreduce", "bytegrad"]) == "bytegrad"
-    # factors as large as the gradient (nothing compressible): 8-bit gradients win
-    flat = measurements(allreduce=LinkModel(1e-3, 1 / 12.5e6), low_precision=LinkModel(2e-3, 1 / 40e6),
-                        powersgd_bytes=20_000_000)
+    # 8-bit factors cost less than full precision ones where the op is faster
+    assert choose(predict(mlp_at_100_mbit(powersgd_8bit_s=0.02)), CANDIDATES) == "powersgd_8bit"
+    # nothing compressible: PowerSGD's op is a plain average, 8-bit gradients win
+    flat = mlp_at_100_mbit(powersgd_s=1.5, powersgd_8bit_s=1.5)
     assert choose(predict(flat), CANDIDATES) == "bytegrad"
 
 
-def test_powersgd_plan_counts_factors_and_uncompressed_tensors():
-    shapes = [torch.Size([2048, 512]), torch.Size([2048]), torch.Size([10, 2048]), torch.Size([3, 3])]
-    # (2048 + 512) * r + 2048 + (10 + 2048) * r + 9 (a 3 x 3 matrix does not shrink)
-    assert powersgd_plan(shapes, 1) == 4 * (2560 + 2048 + 2058 + 9)
-    assert powersgd_plan(shapes, 2) == 4 * (2 * 2560 + 2048 + 2 * 2058 + 9)
+def test_choice_prefers_a_measured_step_to_a_prediction():
+    p = {"gradient_allreduce": 0.03, "bytegrad": 0.04, "powersgd": 0.02, "powersgd_8bit": 0.025}
+    assert choose(p, CANDIDATES) == "powersgd"
+    assert choose(p, CANDIDATES, measured={"powersgd": 0.05}) == "powersgd_8bit"
+    assert choose(p, CANDIDATES, measured={"powersgd": 0.05, "powersgd_8bit": 0.035}) == "gradient_allreduce"
+
+
+def test_off_prediction_is_30_percent_either_way():
+    assert not off_prediction(0.1, 0.13) and not off_prediction(0.1, 0.07)
+    assert off_prediction(0.1, 0.131) and off_prediction(0.1, 0.069)
+    assert off_prediction(0.0219, 0.0509)  # 8-bit PowerSGD before: predicted 21.9 ms, measured 50.9
+
+
+def test_remeasure_rule_keeps_a_choice_within_30_percent():
+    chooser = Chooser(CANDIDATES)
+    p = {"gradient_allreduce": 1.5, "bytegrad": 0.6, "powersgd": 0.040, "powersgd_8bit": 0.038}
+    assert chooser.decide(3, p, "first") == "powersgd_8bit" and not chooser.settled
+    assert chooser.check(13, 0.045) is False  # 18 % over: it stands
+    assert chooser.settled and chooser.choice == "powersgd_8bit"
+    assert [d["step"] for d in chooser.log] == [3, 13]
+    assert chooser.log[-1]["measured_step_s"] == {"powersgd_8bit": 0.045}
+    assert chooser.log[0]["predicted_step_s"] == p
+
+
+def test_remeasure_rule_chooses_again_when_off_by_more():
+    """The 8-bit choice measured 2.3x its prediction: measure again, choose
+    again with its measured time in place of the prediction; the next choice
+    checks out; the log holds every decision with predicted and measured."""
+    chooser = Chooser(CANDIDATES)
+    first = {"gradient_allreduce": 1.5, "bytegrad": 0.4, "powersgd": 0.025, "powersgd_8bit": 0.022}
+    assert chooser.decide(3, first, "first") == "powersgd_8bit"
+    assert chooser.check(13, 0.051) is True and not chooser.settled  # off by 132 %: measure again
+    again = {"gradient_allreduce": 1.5, "bytegrad": 0.6, "powersgd": 0.048, "powersgd_8bit": 0.05}
+    assert chooser.decide(13, again, "again") == "powersgd"  # 48 ms predicted < 51 ms measured
+    assert chooser.log[-1]["measured_step_s"] == {"powersgd_8bit": 0.051}
+    assert chooser.check(17, 0.049) is False and chooser.choice == "powersgd"
+    assert [d["choice"] for d in chooser.log] == ["powersgd_8bit", "powersgd_8bit", "powersgd", "powersgd"]
+
+
+def test_remeasure_rule_goes_back_to_the_fastest_measured():
+    chooser = Chooser(["gradient_allreduce", "powersgd"])
+    chooser.decide(3, {"gradient_allreduce": 0.04, "powersgd": 0.02}, "first")
+    assert chooser.check(13, 0.03) is True  # 50 % over
+    assert chooser.decide(13, {"gradient_allreduce": 0.025, "powersgd": 0.03}, "again") == "gradient_allreduce"
+    # GradientAllReduce measured within 30 % of its prediction, but slower than PowerSGD did
+    assert chooser.check(17, 0.032) is False
+    assert chooser.settled and chooser.choice == "powersgd"
+    # a measured choice is settled at once: nothing left to check
+    chooser = Chooser(["gradient_allreduce", "powersgd"])
+    chooser.measured["powersgd"] = 0.01
+    chooser.decide(3, {"gradient_allreduce": 0.04, "powersgd": 0.02}, "first")
+    assert chooser.settled and chooser.choice == "powersgd"
+
+
+def test_remeasure_rule_cannot_cycle():
+    """Every check off by more: one decision per candidate after the first,
+    then the fastest measured one stays."""
+    chooser = Chooser(["gradient_allreduce", "powersgd"])
+    predictions = {"gradient_allreduce": 0.01, "powersgd": 0.01}
+    for step, measured in ((3, 0.05), (6, 0.04), (9, 0.03)):
+        if chooser.settled:
+            break
+        chooser.decide(step, predictions, "again")
+        chooser.check(step + 2, measured)
+    assert chooser.settled and chooser.choice == "powersgd"
+    assert len([d for d in chooser.log if d["reason"] == "again"]) <= 3  # decide calls
 
 
 @pytest.mark.parametrize("bad", [dict(candidates=[]), dict(candidates="powersgd"), dict(candidates=["ddp"]),
                                  dict(decide_after=0), dict(powersgd_rank=0), dict(overlap=1.5),
-                                 dict(overlap="all")])
+                                 dict(overlap="all"), dict(verify_steps=0)])
 def test_bad_arguments_are_clear_errors(bad):
     with pytest.raises(InvalidArgumentError):
         AutoAlgorithm(**bad)
@@ -121,6 +209,33 @@ def test_auto_measures_and_every_rank_runs_the_same_choice(tmp_path, world_size)
     assert m["world_size"] == world_size and m["compute_s"] > 0 and m["allreduce"]["latency_s"] >= 0
     assert 0 <= m["overlap"] <= 1
     assert all(r["decisions"][-1] == decision for r in results)  # measurements agreed exactly
+
+
+def test_a_choice_off_its_prediction_is_measured_again_on_every_rank(tmp_path):
+    """The re-measure rule in a run: PowerSGD chosen on a prediction 1000x
+    too small, checked after two compressed steps, measured again, chosen
+    again from GradientAllReduce's prediction and PowerSGD's measured step;
+    every rank logs the same decisions at the same steps."""
+    results = run_workers("remeasure", 2, tmp_path, script=WORKERS)
+    log = results[0]["log"]
+    assert [(d["step"], d["choice"]) for d in log[:2]] == [(2, "powersgd"), (5, "powersgd")]
+    assert log[0]["predicted_step_s"]["powersgd"] < log[0]["predicted_step_s"]["gradient_allreduce"] / 999
+    measured = log[1]["measured_step_s"]["powersgd"]
+    assert "measuring again" in log[1]["reason"] and measured > 1.3 * log[0]["predicted_step_s"]["powersgd"]
+    again = log[2]
+    assert again["step"] == 5 and again["reason"] == "least step time after measuring again"
+    assert set(again["predicted_step_s"]) == set(CANDIDATES) and "measurements" in again
+    assert again["measured_step_s"] == {"powersgd": measured}
+    expected = min(["gradient_allreduce", "powersgd"],
+                   key=lambda n: again["measured_step_s"].get(n, again["predicted_step_s"][n]))
+    assert again["choice"] == expected
+    assert len(results[0]["predictions"]) == 2  # measured twice
+    assert not results[0]["deciding"] and results[0]["choice"] == log[-1]["choice"]
+    assert results[0]["current"] == {"gradient_allreduce": "GradientAllReduceAlgorithmImpl",
+                                     "powersgd": "PowerSGDAlgorithmImpl"}[log[-1]["choice"]]
+    for rank, result in enumerate(results):
+        assert [(d["step"], d["choice"], d["reason"]) for d in result["log"]] == \
+            [(d["step"], d["choice"], d["reason"]) for d in log], f"rank {rank}"
 
 
 @pytest.mark.parametrize("override", ["bytegrad", "powersgd_8bit"])
