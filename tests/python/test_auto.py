@@ -64,10 +64,11 @@ def test_overlap_is_what_the_backward_pass_hid():
 
 
 def mlp_at_100_mbit(**changes):
-    """What auto measured on the MLP 64-1024-2048-1024-10 at 100 Mbit/s, 2
-    ranks, rank 1 (bench/slow_network.py --model deep_mlp, 2026-11-29): its
-    GradientAllReduce steps took 1.52 s, PowerSGD's op 34 ms, the 8-bit one
-    36 ms (bench: PowerSGD 49.4 ms, 8-bit 50.9 ms without the optimizer)."""
+    """The MLP 64-1024-2048-1024-10 at 100 Mbit/s, 2 ranks, rank 1
+    (bench/results/slow_network_deep_mlp_rank1_old_auto_run0.json): compute,
+    links and GradientAllReduce's wait as auto measured them; PowerSGD's ops
+    set to the bench's measured steps (49.4 and 50.9 ms without the
+    optimizer) less the compute."""
     base = dict(world_size=2, compute_s=0.0149, exposed_s=1.50, gradient_bytes=17_096_744, buckets=2,
                 allreduce=LinkModel(2.0e-5, 8.47e-8), low_precision=LinkModel(2.2e-4, 3.4e-8),
                 powersgd_s=0.034, powersgd_8bit_s=0.036, overlap=0.0)
