@@ -440,6 +440,8 @@ def plot(report, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rates = sorted((r for r in report["rates"] if r.isdigit()), key=int)
+    if not rates:
+        return  # loopback alone: nothing to draw against bandwidth
     fig, ax = plt.subplots(figsize=(7, 4.5))
     kinds = list(report["rates"][rates[0]])
     for kind in kinds:
