@@ -2,6 +2,7 @@
 #include "bagua/runtime/group_generator_service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -64,7 +65,6 @@ GroupGeneratorService::GroupGeneratorService(Communicator& comm, GroupGeneratorO
   closed_.assign(static_cast<std::size_t>(comm.size()), false);
   awaiting_.assign(static_cast<std::size_t>(comm.size()), false);
   told_ = awaiting_;
-  round_trip_us_.assign(static_cast<std::size_t>(comm.size()), 0);
   last_seen_.assign(static_cast<std::size_t>(comm.size()), std::chrono::steady_clock::now());
   asked_ = last_seen_;
   host_thread_ = std::thread([this] { serve_host(); });
@@ -343,17 +343,7 @@ void GroupGeneratorService::serve_host() {
 }
 
 std::chrono::microseconds GroupGeneratorService::clients_round_trip() const {
-  std::vector<std::int64_t> known;
-  for (auto us : round_trip_us_) {
-    if (us > 0) known.push_back(us);
-  }
-  if (known.empty()) return {};
-  std::nth_element(known.begin(), known.begin() + static_cast<std::ptrdiff_t>(known.size() / 2),
-                   known.end());
-  // Bounded: a client's slow request (a grant it waited for) says nothing
-  // about the channel.
-  return std::min(std::chrono::microseconds(known[known.size() / 2]),
-                  std::chrono::microseconds(20000));
+  return std::chrono::microseconds(std::llround(std::min(round_trip_us_, 20000.0)));
 }
 
 void GroupGeneratorService::connection_lost(int rank, const std::string& what) {
@@ -412,7 +402,9 @@ std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::handle(
   switch (message[kKind]) {
     case kRequest: {
       asked_[static_cast<std::size_t>(sender)] = std::chrono::steady_clock::now();
-      if (sender != rank_) round_trip_us_[static_cast<std::size_t>(sender)] = message[kRoundTrip];
+      if (sender != rank_ && message[kRoundTrip] > 0) {  // a client's previous request
+        round_trip_us_ += (static_cast<double>(message[kRoundTrip]) - round_trip_us_) / 16;
+      }
       // The host's own reply goes to local_reply_ (deliver), not answer().
       awaiting_[static_cast<std::size_t>(sender)] = sender != rank_;
       auto deliveries = deliver(sender, engine_->request(sender));

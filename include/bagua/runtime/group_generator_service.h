@@ -11,8 +11,9 @@
 // clients' messages are: the host does not reach the engine ahead of the
 // others' requests already on their way (it would otherwise find them busy,
 // take a group alone and run ahead of them). Each client's REQUEST carries
-// how long its previous request took; the host's own requests wait the
-// median of those, so every rank pays the same for its groups.
+// how long its previous request took; the host's own requests are held back
+// that long on average (a running mean over the clients' reports), so every
+// rank pays about the same for its groups.
 //
 // Protocol (fixed-size messages of int64: kind, rank, group id, member count,
 // the longest group buffer so far, members): a client sends REQUEST and
@@ -170,9 +171,11 @@ class GroupGeneratorService {
     std::chrono::steady_clock::time_point at;
     std::vector<std::int64_t> message;
   };
-  std::deque<Posted> inbox_;                 // the host's own messages
-  std::vector<std::int64_t> round_trip_us_;  // per client, its last request's latency
-  // The median of round_trip_us_ (0 before any): what the host's request waits.
+  std::deque<Posted> inbox_;  // the host's own messages
+  // The clients' request round trips, a running mean over their reports
+  // (each REQUEST carries its sender's previous one), at most 20 ms: how long
+  // the host's own requests are held back.
+  double round_trip_us_ = 0;
   std::chrono::microseconds clients_round_trip() const;
   std::thread host_thread_;  // serve_host
   std::thread watchdog_;
