@@ -234,6 +234,8 @@ class _ProbeBucket:
         self.keep: List[torch.Tensor] = []  # state the ops update in place
 
     def time(self, process_group, repeats: int) -> float:
+        if self.flat.is_cuda:  # marked ready without a stream: the values must be there already
+            torch.cuda.synchronize(self.flat.device)
         backend = core.Backend(process_group.get_rank())
         backend.register_ordered_buckets([self.bucket])
 
