@@ -1,0 +1,94 @@
+"""Two runs of bench/slow_network.py side by side, as docs/benchmarks.md shows
+them: per rate, each kind's median step in both runs, its ratio to DDP, its
+accuracy; then the two checks of issue 34 per rate and run: our best
+synchronous algorithm over DDP's best hook (fp16 or PowerSGD; goal: at
+most 0.8 at 100 Mbit/s and 1 Gbit/s), and
+auto over the best candidate it could have chosen (goal: at most 1.10),
+with auto's decisions.
+
+    /usr/bin/python3 bench/slow_network_tables.py bench/results/slow_network_deep_mlp_run1.json \\
+        bench/results/slow_network_deep_mlp_run2.json
+
+Prints markdown; exits 0 whatever the figures are.
+"""
+
+import argparse
+import json
+from typing import List
+
+SYNCHRONOUS = ("gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit")  # auto's candidates
+HOOKS = ("ddp_fp16_hook", "ddp_powersgd_hook")
+
+
+def ms(value: float) -> str:
+    return f"{value * 1e3:.1f}"
+
+
+def kinds_table(runs: List[dict], rate: str) -> List[str]:
+    rows = ["| kind | median step ms (run 1 / run 2) | x DDP | test accuracy |", "| --- | --- | --- | --- |"]
+    for kind in runs[0]["rates"][rate]:
+        results = [run["rates"][rate][kind] for run in runs]
+        ddp = [run["rates"][rate].get("ddp", {}).get("median") for run in runs]
+        ratio = " / ".join(f"{r['median'] / d:.3f}" if d else "n/a" for r, d in zip(results, ddp))
+        accuracy = " / ".join(f"{r['accuracy']:.2f}" for r in results)
+        name = kind
+        if kind == "auto":
+            name += " (chose " + " / ".join(r["decision"]["choice"] for r in results) + ")"
+        rows.append(f"| {name} | {' / '.join(ms(r['median']) for r in results)} | {ratio} | {accuracy} % |")
+    return rows
+
+
+def best(result: dict, kinds) -> str:
+    present = [k for k in kinds if k in result]
+    return min(present, key=lambda k: result[k]["median"]) if present else ""
+
+
+def checks_table(runs: List[dict]) -> List[str]:
+    rows = ["| rate | run | our best / DDP's best hook | auto / best candidate | auto's decisions (step: choice, predicted / measured ms) |",
+            "| --- | --- | --- | --- | --- |"]
+    for rate in runs[0]["rates"]:
+        for number, run in enumerate(runs, 1):
+            result = run["rates"][rate]
+            ours, hook_name = best(result, SYNCHRONOUS), best(result, HOOKS)
+            hook = result.get(hook_name)
+            first = f"{ms(result[ours]['median'])} / {ms(hook['median'])} = " \
+                    f"{result[ours]['median'] / hook['median']:.3f} ({ours} / {hook_name})" if hook and ours else "n/a"
+            auto = result.get("auto")
+            second = f"{ms(auto['median'])} / {ms(result[ours]['median'])} = " \
+                     f"{auto['median'] / result[ours]['median']:.3f}" if auto and ours else "n/a"
+            rows.append(f"| {rate} | {number} | {first} | {second} | {decisions(auto)} |")
+    return rows
+
+
+def decisions(auto) -> str:
+    if not auto:
+        return ""
+    parts = []
+    for d in auto.get("decisions") or [auto["decision"]]:
+        predicted = d.get("predicted_step_s", {}).get(d["choice"])
+        measured = d.get("measured_step_s", {}).get(d["choice"])
+        numbers = f"{ms(predicted) if predicted else '-'} / {ms(measured) if measured else '-'}"
+        parts.append(f"{d.get('step', '-')}: {d['choice']}, {numbers}")
+    return "; ".join(parts)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="bench/slow_network.py reports (--out), in run order")
+    args = parser.parse_args()
+    runs = []
+    for path in args.runs:
+        with open(path) as f:
+            runs.append(json.load(f))
+    config = runs[0]["config"]
+    print(f"model {config.get('model', 'mlp')}, rank {config['rank']}, {config['steps']} steps, "
+          f"median over steps {config['skip_steps'] + 1}-{config['steps']}")
+    for rate in runs[0]["rates"]:
+        print(f"\n**{rate}{'' if rate == 'loopback' else ' Mbit/s'}**\n")
+        print("\n".join(kinds_table(runs, rate)))
+    print()
+    print("\n".join(checks_table(runs)))
+
+
+if __name__ == "__main__":
+    main()
