@@ -1,12 +1,14 @@
 """Bagua's shared type definitions (``bagua.bagua_define``): the tensor
-declarations and the hyperparameters its autotune service exchanged."""
+declarations, the hyperparameters and the tensor-readiness spans its
+autotune service exchanged."""
 
 import enum
 import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import List, TypedDict
 
-__all__ = ["TensorDtype", "TensorDeclaration", "BaguaHyperparameter", "get_tensor_declaration_bytes"]
+__all__ = ["TensorDtype", "TensorDeclaration", "BaguaCoreTelemetrySpan", "BaguaHyperparameter",
+           "get_tensor_declaration_bytes"]
 
 
 class TensorDtype(str, enum.Enum):
@@ -19,6 +21,19 @@ class TensorDeclaration(TypedDict):
     name: str
     num_elements: int
     dtype: TensorDtype
+
+
+class BaguaCoreTelemetrySpan(TypedDict):
+    """One traced event of a tensor during a step, as Bagua's core reported
+    it to the autotune service: ``action`` (e.g. ``"tensor_ready"``) on
+    ``tensor_name`` between ``start_time`` and ``end_time`` (one clock,
+    any unit). The service orders tensors by their first span's start."""
+
+    trace_id: int
+    action: str
+    tensor_name: str
+    start_time: int
+    end_time: int
 
 
 _DTYPE_BYTES = {TensorDtype.F32: 4, TensorDtype.F16: 2, TensorDtype.U8: 1}

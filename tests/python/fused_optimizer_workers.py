@@ -37,7 +37,8 @@ def scenario_with_bagua(out_dir, flatten):
             opt.fuse_step() if fuse else opt.step()
     torch.save({"plain": [p.detach().clone() for p in plain.parameters()],
                 "fused": [p.detach().clone() for p in fused.parameters()],
-                "counts": fused_parameter_counts(fused_opt)}, os.path.join(out_dir, f"rank{rank}.pt"))
+                "counts": fused_parameter_counts(fused_opt), "fused_count": fused_opt._bagua_fused_count},
+               os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 if __name__ == "__main__":

@@ -164,6 +164,33 @@ def test_service_without_autotune_and_bad_requests():
     service.report_metrics("m", 0, 9, dict(hp.dict(), distributed_algorithm="allreduce"), 1.0)
 
 
+def ready_span(name, start):
+    return {"trace_id": start, "action": "tensor_ready", "tensor_name": name, "start_time": start,
+            "end_time": start + 1}
+
+
+def test_service_cuts_buckets_in_the_reported_execution_order():
+    """Bagua's report_tensor_execution_order: each tensor takes the next
+    position when first seen (by span start), and proposals cut the
+    tensors into buckets in that order; names never reported keep their
+    place ahead of the others."""
+    service = AutotuneService(1, autotune_level=1, sampling_confidence_time_s=0.0, warmup_time_s=0.0)
+    hp = BaguaHyperparameter().update(service.register_tensors("m", declarations([1, 2, 3, 4, 5]))[
+        "recommended_hyperparameters"])
+    assert service.report_tensor_execution_order(
+        [ready_span("B", 7), ready_span("D", 1), ready_span("A", 5), ready_span("E", 3), ready_span("D", 9)]) == {}
+    service.report_tensor_execution_order([ready_span("A", 0)])  # A has its place already
+    assert service.tensor_partial_order == {"D": 0, "E": 1, "A": 2, "B": 3}
+    for train_iter in (1, 2):  # a warmup pass, then the first proposal
+        proposal, _ = run_rank(service, 0, hp, train_iter)
+    assert service.model_dict["m"].samples == 1
+    assert [t["name"] for bucket in proposal.buckets for t in bucket] == ["C", "D", "E", "A", "B"]
+    with pytest.raises(TypeError, match="must be a list"):
+        service.report_tensor_execution_order({"tensor_name": "A"})
+    with pytest.raises(ValueError, match=r"lacks \['action', 'start_time'\]"):
+        service.report_tensor_execution_order([{"tensor_name": "A"}])
+
+
 # --- the service over HTTP -----------------------------------------------------
 
 def bagua_metric(hp: BaguaHyperparameter) -> float:
@@ -219,6 +246,11 @@ def test_service_over_http_tunes_two_models_for_two_ranks():
         bad = requests.post(url + "report_metrics", json={"model_name": "m1", "rank": 0, "train_iter": 10 ** 6,
                                                           "hyperparameters": [], "speed": 1.0}, timeout=10)
         assert bad.status_code == 400 and "hyperparameters must be an object" in bad.text
+        from bagua.service import AutotuneClient
+        spans = AutotuneClient("127.0.0.1", server.port).report_tensor_execution_order([ready_span("x.A", 0)])
+        assert spans.status_code == 200 and service.tensor_partial_order == {"x.A": 0}
+        no_spans = requests.post(url + "report_tensor_execution_order", json={"spans": [{}]}, timeout=10)
+        assert no_spans.status_code == 400 and "lacks" in no_spans.text
 
 
 # --- service discovery ---------------------------------------------------------

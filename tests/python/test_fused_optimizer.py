@@ -111,6 +111,34 @@ def test_a_parameter_without_gradient_is_left_out_of_the_run():
     assert fused_parameter_counts(opt) == [3]
 
 
+def test_fused_count_counts_the_param_groups_updated_fused():
+    """Bagua's ``optimizer._bagua_fused_count``: each fuse_step adds one per
+    param group in which a run was updated as one tensor. A group of one
+    parameter, step(), and a fuse_step whose gradients autograd allocated
+    apart add nothing; fusing twice is refused."""
+    from bagua.torch_api.contrib.fuse.optimizer import is_fused_optimizer
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sigmoid(), torch.nn.Linear(3, 1))
+    groups = [{"params": [model[0].weight, model[0].bias]}, {"params": [model[2].weight]},
+              {"params": [model[2].bias], "weight_decay": 0.0}]
+    opt = optim.Adam(groups, weight_decay=0.1)
+    assert not is_fused_optimizer(opt)
+    opt = bagua.contrib.fuse_optimizer(opt)
+    assert is_fused_optimizer(opt) and opt._bagua_fused_count == 0
+    x = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]).reshape(3, 2)
+    for step in range(5):
+        opt.zero_grad(set_to_none=False)
+        model(x).sum().backward()
+        opt.fuse_step() if step % 2 == 0 else opt.step()
+    assert opt._bagua_fused_count == 3  # the first group, at steps 0, 2 and 4
+    opt.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    opt.fuse_step()
+    assert opt._bagua_fused_count == 3
+    with pytest.raises(RuntimeError, match="fuse an optimizer twice"):
+        bagua.contrib.fuse_optimizer(opt)
+
+
 def test_fuse_step_needs_fuse_optimizer_and_an_optimizer():
     from bagua.torch_api.contrib.fuse.optimizer import fuse_step
     _, opt = model_and_optimizer(optim.SGD, dict(lr=0.1))
@@ -152,3 +180,4 @@ def test_fuse_step_under_with_bagua_equals_step(tmp_path, flatten):
         # With do_flatten=True the buckets hold the gradients in reverse
         # order, the weights stay in forward order: no run, same result.
         assert result["counts"] == ([0] * 5 if flatten else [4] * 5)
+        assert result["fused_count"] == (0 if flatten else 5)  # Bagua's count: groups fused, over the steps

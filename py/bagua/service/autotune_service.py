@@ -20,6 +20,14 @@ which proposes the next one. After ``max_samples`` proposals the best
 setting reported is handed out for good and ``is_autotune_completed``
 turns true.
 
+Ranks may also report when their tensors became ready
+(``/api/v1/report_tensor_execution_order``, a list of
+:class:`~bagua.bagua_define.BaguaCoreTelemetrySpan`): a proposed setting
+then cuts the tensors into buckets in that order (the order in which each
+tensor was first seen, by span start), so that a bucket holds tensors that
+are ready together. As in Bagua, the order is the service's, by tensor
+name, shared by every model (the spans name no model).
+
 Each request is also a plain method (:meth:`AutotuneService.register_tensors`
 ...), which the HTTP routes call. :meth:`AutotuneService.setup_app` adds the
 routes to a Flask app, as Bagua's did; :meth:`AutotuneService.serve` runs one
@@ -30,9 +38,9 @@ import logging
 import threading
 import time
 from dataclasses import fields
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
-from bagua.bagua_define import BaguaHyperparameter, TensorDeclaration
+from bagua.bagua_define import BaguaCoreTelemetrySpan, BaguaHyperparameter, TensorDeclaration
 from bagua.service.autotune_task_manager import AutotuneTaskManager, split_bucket_by_bucket_size
 
 __all__ = ["AutotuneService", "AutotuneServer", "AutotuneClient", "UnknownModelError"]
@@ -84,8 +92,12 @@ class AutotuneService:
         self.default_bucket_size = default_bucket_size
         self.model_dict: Dict[str, _ModelState] = {}
         self._models_lock = threading.Lock()
+        # tensor name -> its position in the order tensors became ready
+        self.tensor_partial_order: Dict[str, int] = {}
+        self._traced: Set[Tuple[str, str]] = set()  # (tensor name, action) already taken in
+        self._order_lock = threading.Lock()
 
-    # The three requests.
+    # The requests.
 
     def register_tensors(self, model_name: str, tensor_list: List[TensorDeclaration],
                          whether_to_bucket: bool = True) -> dict:
@@ -132,6 +144,26 @@ class AutotuneService:
             return {"recommended_hyperparameters": state.hyperparameter.dict(),
                     "is_autotune_completed": self._completed(state)}
 
+    def report_tensor_execution_order(self, spans: List[BaguaCoreTelemetrySpan]) -> dict:
+        """Takes in when tensors became ready: each tensor not seen before
+        gets the next position, in the order of its span's ``start_time``
+        (later reports only add tensors they name first)."""
+        if not isinstance(spans, list):
+            raise TypeError(f"spans must be a list of BaguaCoreTelemetrySpan objects, got {spans!r}")
+        for span in spans:
+            missing = [key for key in ("tensor_name", "action", "start_time") if not isinstance(span, dict) or
+                       key not in span]
+            if missing:
+                raise ValueError(f"span {span!r} lacks {missing}")
+        with self._order_lock:
+            for span in sorted(spans, key=lambda span: span["start_time"]):
+                key = (str(span["tensor_name"]), str(span["action"]))
+                if key in self._traced:
+                    continue
+                self._traced.add(key)
+                self.tensor_partial_order.setdefault(key[0], len(self.tensor_partial_order))
+        return {}
+
     def is_autotune_completed(self, model_name: str) -> bool:
         return self._completed(self._model(model_name))
 
@@ -171,7 +203,9 @@ class AutotuneService:
         reported_iter, score = judged
         state.task.tell(reported_iter, state.hyperparameter, score)
         if state.samples < self.max_samples:
-            next_setting = state.task.recommend(state.hyperparameter)
+            with self._order_lock:
+                order = dict(self.tensor_partial_order)
+            next_setting = state.task.recommend(state.hyperparameter, order)
         else:
             next_setting = state.task.best_hyperparameter()
         log.info("autotune %s: sample %d/%d (rank %d, iteration %d): bucket_size=%d hierarchical=%s scored %g; "
@@ -184,7 +218,7 @@ class AutotuneService:
     # HTTP.
 
     def setup_app(self, app):
-        """Adds the three routes to the Flask ``app`` and returns it. A bad
+        """Adds the four routes to the Flask ``app`` and returns it. A bad
         request is answered 400, a model that has not registered 405 (as
         Bagua's did), each with the reason."""
         from flask import request  # flask only for those who serve
@@ -209,6 +243,8 @@ class AutotuneService:
             self.report_metrics, "model_name", "rank", "train_iter", "hyperparameters", "speed"))
         app.add_url_rule("/api/v1/ask_hyperparameters", "ask_hyperparameters", methods=["POST"],
                          view_func=lambda: handle(self.ask_hyperparameters, "model_name", "rank", "train_iter"))
+        app.add_url_rule("/api/v1/report_tensor_execution_order", "report_tensor_execution_order",
+                         methods=["POST"], view_func=lambda: handle(self.report_tensor_execution_order, "spans"))
         return app
 
     def serve(self, host: str = "0.0.0.0", port: int = 0) -> "AutotuneServer":
@@ -271,3 +307,6 @@ class AutotuneClient:
 
     def ask_hyperparameters(self, model_name: str, rank: int, train_iter: int):
         return self._post("ask_hyperparameters", {"model_name": model_name, "rank": rank, "train_iter": train_iter})
+
+    def report_tensor_execution_order(self, spans: List[BaguaCoreTelemetrySpan]):
+        return self._post("report_tensor_execution_order", {"spans": spans})

@@ -12,14 +12,21 @@ primitives of :mod:`bagua.torch_api._primitives` (the module
   :func:`broadcast_object`.
 - :func:`from_torch_group` (a ``torch.distributed`` group as a bagua group)
   and :func:`get_backend` (a named runtime backend).
+- Bagua's patch of ``torch.distributed``'s process groups:
+  ``torch_group.bagua_patch()`` gives a group its bagua group
+  (``torch_group.bagua_pg``), recorded in ``_torch_to_bagua_pg_map`` until
+  ``torch.distributed.destroy_process_group`` destroys the torch group.
 - Bagua's communicator methods on ``bagua_core.Communicator`` (what
   ``group.get_global_communicator()`` returns): ``rank()`` and ``nranks()``,
-  and the in-place and variable-count collectives, on torch tensors.
+  the in-place and variable-count collectives, on torch tensors, and
+  ``abort()`` / ``check_abort()``: an aborted communicator is cancelled
+  (see :mod:`._primitives`).
 """
 
+import functools
 import io
 import pickle
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -340,6 +347,78 @@ def from_torch_group(group, stream: Optional["torch.cuda.Stream"] = None) -> Opt
     return mine
 
 
+# -- torch's process groups, patched as in Bagua ----------------------------------
+# Each torch group patched so far (``bagua_patch``) -> its bagua group. Bagua's
+# users and tests read it; destroying a torch group removes its entry.
+_torch_to_bagua_pg_map: Dict[object, BaguaProcessGroup] = {}
+# Times every torch group was destroyed at once: torch then numbers new groups
+# from 1 again, and their rendezvous keys must not meet the old groups' keys.
+_torch_group_generation = 0
+
+
+def _members_group(torch_group) -> BaguaProcessGroup:
+    """A bagua group of ``torch_group``'s ranks, connected by those ranks
+    alone (the others hold no torch group to patch) through torch's store,
+    under the name torch gave the group (the same on every member)."""
+    ranks = _torch_group_ranks(torch_group)
+    rank = dist.get_rank()
+    if rank not in ranks:
+        raise InvalidArgumentError(f"bagua_patch: rank {rank} is not a member of the torch group of ranks {ranks}")
+    name = dist.distributed_c10d._pg_names[torch_group]
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"bagua/torch_group/{_torch_group_generation}/{name}"
+    communicator = _process_group_module._connect(store, prefix, ranks.index(rank), len(ranks))
+    return BaguaProcessGroup(ranks, communicator, f"torch_group_{name}")
+
+
+def _bagua_patch(self, stream: Optional["torch.cuda.Stream"] = None):
+    """Bagua's ``torch_group.bagua_patch()``: gives this ``torch.distributed``
+    process group a bagua group of its ranks (``self.bagua_pg``), created
+    on the first call. Collective over the group's members only, as any
+    collective of the group; returns the group. ``stream`` is accepted for
+    Bagua's signature."""
+    if self not in _torch_to_bagua_pg_map:
+        _torch_to_bagua_pg_map[self] = _members_group(self)
+    return self
+
+
+def _bagua_pg(self) -> BaguaProcessGroup:
+    if self not in _torch_to_bagua_pg_map:
+        raise AttributeError("this torch process group has no bagua group yet: call its bagua_patch() first")
+    return _torch_to_bagua_pg_map[self]
+
+
+def _forget_destroyed_torch_groups(group) -> None:
+    """After ``torch.distributed.destroy_process_group(group)``: the bagua
+    groups of the torch groups it destroyed are let go."""
+    global _torch_group_generation
+    if dist.is_initialized() and group is not None:
+        _torch_to_bagua_pg_map.pop(group, None)
+        return
+    _torch_to_bagua_pg_map.clear()
+    _torch_group_generation += 1
+
+
+def _install_torch_group_patch() -> None:
+    """Adds ``bagua_patch``, ``bagua_pg`` and ``bagua_get_global_communicator``
+    to torch's ProcessGroup, and has ``destroy_process_group`` forget the
+    groups it destroys (Bagua patched torch the same way)."""
+    cls = dist.ProcessGroup
+    if getattr(cls, "bagua_patch", None) is _bagua_patch:
+        return  # installed already
+    cls.bagua_patch = _bagua_patch
+    cls.bagua_pg = property(_bagua_pg, doc="The bagua group given by bagua_patch().")
+    cls.bagua_get_global_communicator = lambda self: _bagua_pg(self).get_global_communicator()
+    native_destroy = dist.distributed_c10d.destroy_process_group
+
+    @functools.wraps(native_destroy)
+    def destroy_process_group(group=None):
+        native_destroy(group)
+        _forget_destroyed_torch_groups(group)
+
+    dist.destroy_process_group = dist.distributed_c10d.destroy_process_group = destroy_process_group
+
+
 class _NamedBackend(core.Backend):
     """A runtime backend with the model name it was asked for."""
 
@@ -412,7 +491,8 @@ def _install_communicator_methods() -> None:
 
     def allreduce_inplace(self, tensor, op=ReduceOp.SUM) -> None:
         if isinstance(tensor, core.TensorView):  # a view: straight to the communicator
-            self.allreduce(tensor, tensor, _primitives._op_name(op))
+            op_name = _primitives._op_name(op)
+            _primitives._unless_aborted(self, lambda: self.allreduce(tensor, tensor, op_name))
             return
         _primitives.allreduce_inplace(_torch_tensor(tensor), op, comm=self)
 
@@ -455,4 +535,31 @@ def _install_communicator_methods() -> None:
             setattr(cls, name, method)
 
 
+def _install_abort() -> None:
+    """Bagua's ``comm.abort()`` and ``comm.check_abort()``: the runtime's
+    abort, recorded first, so that the communicator counts as cancelled
+    rather than failed (see :mod:`._primitives`)."""
+    cls = core.Communicator
+    if getattr(cls.abort, "_bagua_records", False):
+        return  # installed already
+    native_abort = cls.abort
+
+    def abort(self) -> None:
+        """Cancels this communicator for good, as Bagua's abort did: a call
+        blocked in it returns, and later calls return at once, without
+        communicating. Safe from any thread."""
+        _primitives._mark_aborted(self)
+        native_abort(self)
+
+    def check_abort(self) -> bool:
+        """Whether ``abort()`` was called on this communicator."""
+        return _primitives._was_aborted(self)
+
+    abort._bagua_records = True
+    cls.abort = abort
+    cls.check_abort = check_abort
+
+
 _install_communicator_methods()
+_install_abort()
+_install_torch_group_patch()

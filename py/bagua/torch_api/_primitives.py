@@ -10,6 +10,12 @@ communicator reaches their memory (copying them to the host otherwise), and
 call the communicator's method of the same name. What is left in each
 primitive is what is particular to it.
 
+A communicator the user aborted (Bagua's ``comm.abort()``, see
+:func:`_mark_aborted`) is cancelled, as Bagua's NCCL abort cancelled every
+operation outstanding on it: a call blocked in it returns, and later calls
+return at once, without communicating (their outputs are left as they
+were). Errors of a communicator that failed by itself still raise.
+
 The process groups live in :mod:`bagua.torch_api.process_group`; this module
 re-exports them, since Bagua's users import both from here. Users import all
 of it from :mod:`bagua.torch_api.communication`, which adds the rest of
@@ -20,11 +26,13 @@ import contextlib
 import enum
 import functools
 import threading
+import weakref
 from typing import Optional
 
 import torch
 
 from bagua.torch_api._core import (
+    BaguaError,
     InvalidArgumentError,
     check_tensor,
     core,
@@ -120,6 +128,36 @@ def _checks_enabled() -> bool:
 # The _Call of the collective running on this thread (see _agreed).
 _current = threading.local()
 
+# Communicators aborted by the user (the communicator objects are shared
+# by their group and its users, so the mark lives as long as they do).
+_aborted = weakref.WeakSet()
+
+
+def _mark_aborted(communicator) -> None:
+    """Records that the user is aborting ``communicator`` (Bagua's
+    ``comm.abort()``, installed by :mod:`._compat_communication`), before the
+    runtime's abort runs: the call it interrupts then fails with the
+    communicator's error, which :func:`_unless_aborted` turns into a return."""
+    _aborted.add(communicator)
+
+
+def _was_aborted(communicator) -> bool:
+    return communicator in _aborted
+
+
+def _unless_aborted(communicator, run) -> bool:
+    """Runs ``run()`` on ``communicator`` unless the user aborted it, before
+    or during the call. Returns whether ``run`` completed."""
+    if _was_aborted(communicator):
+        return False
+    try:
+        run()
+    except BaguaError:
+        if _was_aborted(communicator):  # interrupted by abort(): cancelled, not failed
+            return False
+        raise
+    return True
+
 
 def _agreed(primitive):
     """For a collective that compares its calls across ranks: an argument
@@ -140,7 +178,7 @@ def _agreed(primitive):
         except InvalidArgumentError as error:
             call = _current.call
             if getattr(error, "shared", False) or call is None or call.compared or call.size <= 1 \
-                    or not _checks_enabled():
+                    or not _checks_enabled() or _was_aborted(call.comm):  # no peers left to tell
                 raise
             call.refuse(str(error))
         finally:
@@ -219,15 +257,21 @@ class _Call:
     def run(self, inputs, outputs, *args, verify=None, root: int = -1) -> None:
         """Runs the op on ``inputs`` then ``outputs`` (views, in that order)
         and ``args``; first, unless ``verify`` is None, every rank checks that
-        all passed a tensor of ``verify``'s size and dtype (and ``root``)."""
+        all passed a tensor of ``verify``'s size and dtype (and ``root``).
+        On an aborted communicator nothing runs and the outputs are left."""
         self.compared = True
-        if verify is not None and _checks_enabled() and self.size > 1:
-            # A view of no memory: only its size and dtype are compared.
-            shape = core.TensorView(0, verify.numel(), dtype_name(verify.dtype), "cpu")
-            self.comm.verify_same_call(self.op, shape, root)
         tensors = list(inputs) + list(outputs)
         reached = {id(t): _reachable(self.comm, t) for t in tensors}
-        getattr(self.comm, self.op)(*[tensor_view(reached[id(t)], allow_cuda=True) for t in tensors], *args)
+
+        def communicate():
+            if verify is not None and _checks_enabled() and self.size > 1:
+                # A view of no memory: only its size and dtype are compared.
+                shape = core.TensorView(0, verify.numel(), dtype_name(verify.dtype), "cpu")
+                self.comm.verify_same_call(self.op, shape, root)
+            getattr(self.comm, self.op)(*[tensor_view(reached[id(t)], allow_cuda=True) for t in tensors], *args)
+
+        if not _unless_aborted(self.comm, communicate):
+            return
         for t in outputs:
             if reached[id(t)] is not t:
                 t.copy_(reached[id(t)])

@@ -1,11 +1,14 @@
 """The launcher's environment, read the way torchrun writes it: RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (docs/environment.md).
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (docs/environment.md);
+and :func:`find_free_network_port`, for a script that sets MASTER_PORT
+itself.
 
 The BAGUA_* variables are not read here: they are declared once in the C++
 runtime (include/bagua/core/env.h) and read through ``core.env()``.
 """
 
 import os
+import socket
 
 
 def _int(name: str, default: int) -> int:
@@ -36,3 +39,15 @@ def get_local_size() -> int:
 
 def get_master_addr() -> str:
     return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+
+def find_free_network_port() -> int:
+    """A TCP port free on every interface of this host right now (Bagua's
+    helper for single-node jobs that must set MASTER_PORT themselves).
+
+    The operating system picks it (bind to port 0); the socket is closed
+    before returning, so another program may still take the port before it
+    is used: use it at once."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]

@@ -16,6 +16,13 @@ parameter fuses only while its gradient exists and lies in the run:
 ``zero_grad(set_to_none=True)`` (PyTorch 2's default) lets autograd allocate
 new gradients that lie apart, and those steps run unfused (same result,
 fewer savings); ``zero_grad(set_to_none=False)`` keeps the flat gradients.
+
+As in Bagua, ``optimizer._bagua_fused_count`` counts the param groups
+updated fused: each ``fuse_step`` adds one per group in which at least one
+run of two or more parameters was updated as one tensor (0 when nothing
+lay contiguously, e.g. when ``with_bagua`` flattened the weights in its
+own bucket order). An optimizer is fused once (:func:`is_fused_optimizer`);
+fusing it again is an error.
 """
 
 import types
@@ -25,8 +32,8 @@ import torch
 
 from bagua.torch_api import InvalidArgumentError
 
-__all__ = ["fuse_optimizer", "fuse_step", "calculate_mutual_groups", "group_continuous_tensors",
-           "FusedOptimizer"]
+__all__ = ["fuse_optimizer", "fuse_step", "is_fused_optimizer", "calculate_mutual_groups",
+           "group_continuous_tensors", "FusedOptimizer"]
 
 
 # -- layout ---------------------------------------------------------------------------
@@ -121,14 +128,24 @@ def fuse_optimizer(optimizer: torch.optim.Optimizer, do_flatten: bool = True,
     Parameters already wrapped by ``model.with_bagua`` keep their weights and
     gradients where the runtime put them (its buckets hold views of them);
     only their state is flattened. ``check_flatten`` is accepted for Bagua's
-    signature."""
+    signature. Fusing an optimizer twice is a RuntimeError, as in Bagua."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError(f"fuse_optimizer needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if is_fused_optimizer(optimizer):
+        # A second flatten would move the tensors the first one laid out.
+        raise RuntimeError(f"trying to fuse an optimizer twice: this {type(optimizer).__name__} was already "
+                           "passed to fuse_optimizer")
     if do_flatten:
         _flatten_param_groups(optimizer)
     optimizer.fuse_step = types.MethodType(fuse_step, optimizer)
     optimizer._bagua_fused_runs = []  # per fuse_step: how many parameters went into fused runs
+    optimizer._bagua_fused_count = 0  # Bagua's: param groups updated fused, over all fuse_steps
     return optimizer
+
+
+def is_fused_optimizer(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` went through :func:`fuse_optimizer`."""
+    return hasattr(optimizer, "_bagua_fused_runs")
 
 
 def _flatten_param_groups(optimizer: torch.optim.Optimizer) -> None:
@@ -157,7 +174,7 @@ def fuse_step(optimizer: torch.optim.Optimizer, closure=None):
     """One ``step()`` of ``optimizer`` with every run of parameters that lies
     contiguously in weights, gradients and state updated as one tensor.
     Returns what ``step`` returns."""
-    if not hasattr(optimizer, "_bagua_fused_runs"):
+    if not is_fused_optimizer(optimizer):
         raise InvalidArgumentError("fuse_step: call bagua.torch_api.contrib.fuse_optimizer(optimizer) first")
     saved = []  # (group, its params) to put back
     fused: List[Tuple[torch.nn.Parameter, List[torch.Tensor]]] = []
@@ -167,6 +184,7 @@ def fuse_step(optimizer: torch.optim.Optimizer, closure=None):
             if not runs:
                 continue
             saved.append((group, group["params"]))
+            optimizer._bagua_fused_count += 1
             in_runs = {i for run in runs for i in run}
             new_params = []
             for run in runs:

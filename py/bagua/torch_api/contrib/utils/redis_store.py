@@ -19,7 +19,7 @@ import subprocess
 import time
 from typing import Dict, List, Optional, Sequence
 
-from bagua.torch_api import InvalidArgumentError
+from bagua.torch_api import InvalidArgumentError, env
 from bagua.torch_api.contrib.utils.store import ClusterStore, Store
 
 __all__ = ["RedisStore", "start_redis_server_cli", "find_free_port", "get_host_ip"]
@@ -156,9 +156,8 @@ def start_redis_server_cli(port: int, capacity: int, *args: str) -> None:
 
 
 def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+    """Bagua's older name of :func:`bagua.torch_api.env.find_free_network_port`."""
+    return env.find_free_network_port()
 
 
 def get_host_ip() -> str:
@@ -170,7 +169,6 @@ def get_host_ip() -> str:
 
 
 def _node_index() -> int:
-    from bagua.torch_api import env
     return env.get_rank() // max(1, env.get_local_size())
 
 
@@ -181,7 +179,6 @@ def _bootstrap_servers(capacity: int) -> List[Dict]:
     if _bootstrapped is not None:
         return _bootstrapped
     import bagua.torch_api as bagua
-    from bagua.torch_api import env
     from bagua.torch_api.communication import broadcast_object
     mine = None
     if env.get_local_rank() == 0:
