@@ -2,9 +2,9 @@
 them: per rate, each kind's median step in both runs, its ratio to DDP, its
 accuracy; then the two checks of issue 34 per rate and run: our best
 synchronous algorithm over DDP's best hook (fp16 or PowerSGD; goal: at
-most 0.8 at 100 Mbit/s and 1 Gbit/s), and
-auto over the best candidate it could have chosen (goal: at most 1.10),
-with auto's decisions.
+most 0.8 at 100 Mbit/s and 1 Gbit/s), and auto over the best candidate it
+could have chosen (goal: at most 1.10), each as the ratio of the medians and
+(in brackets) the median of the per-step ratios, with auto's decisions.
 
     /usr/bin/python3 bench/slow_network_tables.py bench/results/slow_network_deep_mlp_run1.json \\
         bench/results/slow_network_deep_mlp_run2.json
@@ -43,20 +43,31 @@ def best(result: dict, kinds) -> str:
     return min(present, key=lambda k: result[k]["median"]) if present else ""
 
 
+def paired(result: dict, kind: str, baseline: str, skip: int) -> float:
+    """The median over the measured steps of kind's step over baseline's in
+    the same round: both ran back to back, so a burst of load hits both."""
+    import statistics
+
+    return statistics.median(a / b for a, b in zip(result[kind]["steps"][skip:], result[baseline]["steps"][skip:]))
+
+
+def ratio(result: dict, kind: str, baseline: str, skip: int) -> str:
+    """'kind ms / baseline ms = ratio of the medians (median of the per-step ratios)'."""
+    a, b = result[kind]["median"], result[baseline]["median"]
+    per_step = f" ({paired(result, kind, baseline, skip):.3f})" if "steps" in result[kind] else ""
+    return f"{ms(a)} / {ms(b)} = {a / b:.3f}{per_step}"
+
+
 def checks_table(runs: List[dict]) -> List[str]:
-    rows = ["| rate | run | our best / DDP's best hook | auto / best candidate | auto's decisions (step: choice, predicted / measured ms) |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = ["| rate | run | our best / DDP's best hook | auto / best candidate | auto's decisions "
+            "(step: choice, predicted / measured ms) |", "| --- | --- | --- | --- | --- |"]
     for rate in runs[0]["rates"]:
         for number, run in enumerate(runs, 1):
-            result = run["rates"][rate]
-            ours, hook_name = best(result, SYNCHRONOUS), best(result, HOOKS)
-            hook = result.get(hook_name)
-            first = f"{ms(result[ours]['median'])} / {ms(hook['median'])} = " \
-                    f"{result[ours]['median'] / hook['median']:.3f} ({ours} / {hook_name})" if hook and ours else "n/a"
-            auto = result.get("auto")
-            second = f"{ms(auto['median'])} / {ms(result[ours]['median'])} = " \
-                     f"{auto['median'] / result[ours]['median']:.3f}" if auto and ours else "n/a"
-            rows.append(f"| {rate} | {number} | {first} | {second} | {decisions(auto)} |")
+            result, skip = run["rates"][rate], run["config"]["skip_steps"]
+            ours, hook = best(result, SYNCHRONOUS), best(result, HOOKS)
+            first = f"{ratio(result, ours, hook, skip)}: {ours} / {hook}" if ours and hook else "n/a"
+            second = ratio(result, "auto", ours, skip) if ours and "auto" in result else "n/a"
+            rows.append(f"| {rate} | {number} | {first} | {second} | {decisions(result.get('auto'))} |")
     return rows
 
 
