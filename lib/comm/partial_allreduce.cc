@@ -138,7 +138,11 @@ void exchange_directly(Ring& ring, const TensorView& send, const TensorView& rec
 // the reduction is done (the direct case).
 bool verify_members_agree(Ring& ring, const TensorView& send, const TensorView& recv, ReduceOp op) {
   const bool direct = exchanges_directly(send, ring.members.size());
-  const std::size_t most = kHeaderBytes + kDirectBytes / (ring.members.size() - 1);
+  // Each slot: a header and the largest tensor that goes directly, rounded
+  // up so that every slot's tensor stays aligned for any dtype.
+  constexpr std::size_t kAlign = 16;
+  const std::size_t most =
+      (kHeaderBytes + kDirectBytes / (ring.members.size() - 1) + kAlign - 1) / kAlign * kAlign;
   thread_local std::vector<std::byte> scratch;
   scratch.assign(static_cast<std::size_t>(ring.m() + 1) * most, std::byte{0});
   auto* mine = scratch.data() + static_cast<std::size_t>(ring.m()) * most;
