@@ -230,7 +230,9 @@ def test_a_choice_off_its_prediction_is_measured_again_on_every_rank(tmp_path):
     expected = min(["gradient_allreduce", "powersgd"],
                    key=lambda n: again["measured_step_s"].get(n, again["predicted_step_s"][n]))
     assert again["choice"] == expected
-    assert len(results[0]["predictions"]) == 2  # measured twice
+    # measured again at least once; at most once per candidate after the first (steps of a
+    # millisecond or two can be off by 30 % again on a busy machine)
+    assert 2 <= len(results[0]["predictions"]) <= 3
     assert not results[0]["deciding"] and results[0]["choice"] == log[-1]["choice"]
     assert results[0]["current"] == {"gradient_allreduce": "GradientAllReduceAlgorithmImpl",
                                      "powersgd": "PowerSGDAlgorithmImpl"}[log[-1]["choice"]]
