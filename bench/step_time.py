@@ -24,6 +24,18 @@ Prints, per model and world size, each kind's median and p90 step time, the
 median time of each stage (forward, backward with the communication wait,
 optimizer step), and the ratio algorithm / DDP (< 1: faster than DDP) with
 its range over the repeats; writes bench/results/step_time.json.
+
+With --breakdown the workers record a timeline (BAGUA_TIMELINE, in a
+temporary directory) and print, per rank, where each bagua kind's median
+step went next to `local`'s: compute (step start to the last gradient
+marked ready: zero_grad, forward, backward, the per-parameter hooks), the
+bucket ops' time that ran during it (the communication thread's, taking
+cycles from the backward pass), then after the last gradient the ops'
+phases (the shared-memory allreduce marks copy in, reduce, copy out and
+its waits) and the rest of the wait (hand-offs between threads), and the
+optimizer step. The timeline costs a few microseconds per event.
+
+    /usr/bin/python3 bench/step_time.py --algorithms gradient_allreduce,local --breakdown --repeats 1
 """
 
 import argparse
@@ -33,7 +45,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import BusyLoad, interleaved_steps, launch, machine, quantiles  # noqa: E402
+from common import BusyLoad, interleaved_steps, launch, machine, quantiles, timed_stages  # noqa: E402
 
 MODELS = {
     # a few large tensors: 3 x 1024-wide layers, 8 tensors, 2.1 M parameters
@@ -108,10 +120,106 @@ def summarize(samples):
             for kind, stages in samples.items()}
 
 
+def timed_windows(runs, batches, steps, clock):
+    """As common.interleaved_steps, also returning each step's window on the
+    timeline ``clock``: ({kind: {stage: [s, slowest rank]}}, {kind:
+    [(start_us, end_us), this rank]})."""
+    import torch
+
+    import bagua.torch_api as bagua
+
+    rows, windows = {kind: [] for kind in runs}, {kind: [] for kind in runs}
+    for i in range(steps):
+        for kind, (model, opt) in runs.items():
+            bagua.barrier()
+            start_us = clock.now_us()
+            rows[kind].append(timed_stages(model, opt, batches[i % len(batches)]))
+            windows[kind].append((start_us, clock.now_us()))
+    result = {}
+    for kind, samples in rows.items():
+        stages = list(samples[0])
+        t = torch.tensor([[row[s] for s in stages] for row in samples], dtype=torch.float64)
+        bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
+        result[kind] = {s: t[:, j].tolist() for j, s in enumerate(stages)}
+    return result, windows
+
+
+def _overlap(event, lo, hi):
+    """Microseconds of the span ``event`` inside [lo, hi)."""
+    return max(0, min(event["ts"] + event.get("dur", 0), hi) - max(event["ts"], lo))
+
+
+def step_parts(events, start_us, end_us):
+    """Where one bagua step went on this rank (ms): see the module docstring.
+    ``ops_during_compute`` overlaps ``compute``; the parts after it add up
+    to the step."""
+    inside = [e for e in events if start_us <= e.get("ts", -1) < end_us]
+    ready = [e["ts"] for e in inside if e.get("cat") == "tensor_ready"]
+    backward = [e for e in inside if e.get("cat") == "phase" and e["name"] == "backward"]
+    if not ready or not backward:
+        return None
+    last_ready, backward_end = max(ready), backward[-1]["ts"] + backward[-1]["dur"]
+    ops = [e for e in inside if e.get("cat") == "comm_op"]
+    phases = [e for e in inside if e.get("cat") == "op_phase"]
+    row = {"compute": last_ready - start_us,
+           "ops_during_compute": sum(_overlap(e, start_us, last_ready) for e in ops)}
+    exposed = 0
+    for e in phases or ops:  # an op's phases when it marks them
+        took = _overlap(e, last_ready, backward_end)
+        row[e["name"]] = row.get(e["name"], 0) + took
+        exposed += took
+    if phases:  # the op's own time outside its phases (its other work)
+        rest = sum(_overlap(e, last_ready, backward_end) for e in ops) - exposed
+        row["op_outside_phases"] = rest
+        exposed += rest
+    row["waiting"] = backward_end - last_ready - exposed
+    row["optimizer"] = sum(e["dur"] for e in inside if e.get("cat") == "phase" and e["name"] == "optimizer_step")
+    row["other"] = end_us - backward_end - row["optimizer"]
+    row["ops_whole_step"] = sum(e.get("dur", 0) for e in ops)
+    return {k: v / 1e3 for k, v in row.items()}
+
+
+def breakdowns(events, windows, stages, skip):
+    """Per kind, the median over the steps after ``skip`` of each part (ms,
+    this rank); for kinds without a timeline (DDP, local) their stages."""
+    import statistics
+
+    result = {}
+    for kind, spans in windows.items():
+        rows = [r for r in (step_parts(events, a, b) for a, b in spans[skip:]) if r]
+        if rows:
+            parts = list(dict.fromkeys(k for r in rows for k in r))
+            result[kind] = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in parts}
+        else:
+            result[kind] = {"compute": statistics.median(
+                f + b for f, b in zip(stages[kind]["forward"][skip:], stages[kind]["backward"][skip:])) * 1e3,
+                "optimizer": statistics.median(stages[kind]["step"][skip:]) * 1e3}
+    return result
+
+
+def gather_json(value):
+    """[every rank's value] (JSON-serializable), on every rank. Collective."""
+    import torch
+
+    import bagua.torch_api as bagua
+
+    data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
+    sizes = torch.zeros(bagua.get_world_size(), dtype=torch.int64)
+    sizes[bagua.get_rank()] = data.numel()
+    bagua.allreduce_inplace(sizes)
+    padded = torch.zeros(int(sizes.max()), dtype=torch.uint8)
+    padded[:data.numel()] = data
+    gathered = torch.empty(padded.numel() * len(sizes), dtype=torch.uint8)
+    bagua.allgather(padded, gathered)
+    rows = gathered.view(len(sizes), -1)
+    return [json.loads(bytes(rows[r, :int(n)].tolist())) for r, n in enumerate(sizes.tolist())]
+
+
 def worker(args):
     import torch
 
     import bagua.torch_api as bagua
+    from bagua.torch_api import timeline
 
     kinds = ["ddp"] + args.algorithms.split(",")
     torch.set_num_threads(1)
@@ -125,9 +233,16 @@ def worker(args):
                     torch.randint(0, 10, (args.batch,), generator=g)) for _ in range(8)]
         runs = {kind: make_run(kind, spec, tcp_group) for kind in kinds}
         interleaved_steps(runs, batches, args.warmup)  # includes bagua's profiling iteration
-        stats = summarize(interleaved_steps(runs, batches, args.steps))
+        clock = timeline.get(rank)  # with --breakdown (BAGUA_TIMELINE set)
+        if clock is None:
+            samples = interleaved_steps(runs, batches, args.steps)
+        else:
+            samples, windows = timed_windows(runs, batches, args.steps, clock)
         params = build_model(spec).parameters()
-        results[model_name] = {"stages": stats, "tensors": len(list(params))}
+        results[model_name] = {"stages": summarize(samples), "tensors": len(list(params))}
+        if clock is not None:
+            events = json.loads(clock.to_json())["traceEvents"]
+            results[model_name]["breakdown"] = gather_json(breakdowns(events, windows, samples, 0))
         del runs
     if rank == 0:
         Path(args.out).write_text(json.dumps(results))
@@ -140,6 +255,19 @@ def ratios(repeats, world, model, kind):
         stages = rep[world][model]["stages"]
         out.append(stages[kind]["total"]["median"] / stages["ddp"]["total"]["median"])
     return out
+
+
+def print_breakdown(report):
+    """Each rank's median step of each kind, by part (ms), per repeat."""
+    for i, rep in enumerate(report["repeats"]):
+        for world, models in rep.items():
+            for model, r in models.items():
+                for rank, parts in enumerate(r.get("breakdown", [])):
+                    for kind, row in parts.items():
+                        if kind == "ddp":
+                            continue
+                        print(f"repeat {i} {model} world {world} {kind:>18} rank {rank}: "
+                              + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
 
 
 def print_table(report):
@@ -172,6 +300,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--busy", type=int, default=0, help="extra processes spinning on the CPU")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="record a timeline and print where each bagua step went, by rank")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "step_time.json"))
     args = parser.parse_args()
@@ -182,6 +312,7 @@ def main():
         parser.error(f"unknown algorithms {sorted(unknown or ['local@tcp'])}; choose from "
                      f"{sorted(ALGORITHMS)} or local")
 
+    import os
     import tempfile
 
     from tqdm import tqdm
@@ -194,10 +325,14 @@ def main():
     worker_args = ["--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--batch", str(args.batch), "--algorithms", args.algorithms]
     with tempfile.TemporaryDirectory() as tmp, BusyLoad(args.busy):
+        if args.breakdown:
+            os.environ["BAGUA_TIMELINE"] = str(Path(tmp) / "timeline")  # the workers inherit it
         for _ in tqdm(range(args.repeats), desc="repeats"):
             report["repeats"].append({str(world): launch(__file__, world, Path(tmp) / f"world{world}.json",
                                                          worker_args) for world in sizes})
     print_table(report)
+    if args.breakdown:
+        print_breakdown(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
