@@ -62,16 +62,21 @@ def emulated_hosts(count: int, rates_mbit: dict = None, subnet: str = "10.233.0"
         _ip("link", "delete", bridge, check=False)
 
 
-def launch_on_hosts(script: str, hosts, out: Path, worker_args, extra_env: dict = None) -> dict:
-    """As common.launch, each rank in its namespace, rendezvous at rank 0's
-    address; returns the JSON rank 0 wrote to OUT."""
+def launch_on_hosts(script: str, hosts, out: Path, worker_args, extra_env: dict = None,
+                    ranks_per_host: int = 1) -> dict:
+    """As common.launch, ranks_per_host consecutive ranks in each namespace
+    (rank r on host r // ranks_per_host, as torchrun numbers them; the ranks
+    of one host talk over its own addresses, unshaped, and share memory),
+    rendezvous at rank 0's address; returns the JSON rank 0 wrote to OUT."""
     port = free_port()
     master = hosts[0][2]
+    world = len(hosts) * ranks_per_host
     procs = []
-    for rank, (ns, dev, addr) in enumerate(hosts):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(hosts)), LOCAL_RANK="0",
-                   LOCAL_WORLD_SIZE="1", MASTER_ADDR=master, MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   GLOO_SOCKET_IFNAME=dev, **(extra_env or {}))
+    for rank in range(world):
+        ns, dev, addr = hosts[rank // ranks_per_host]
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % ranks_per_host),
+                   LOCAL_WORLD_SIZE=str(ranks_per_host), MASTER_ADDR=master, MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=dev, **(extra_env or {}))
         env.pop("BAGUA_GLOO_HOSTNAME", None)
         cmd = ["ip", "netns", "exec", ns, sys.executable, script, "--worker", "--out", str(out), *worker_args]
         procs.append(subprocess.Popen(cmd, env=env))

@@ -47,8 +47,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from common import machine, quantiles  # noqa: E402
 
-KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "bytegrad", "powersgd",
-         "powersgd_8bit", "auto", "local"]
+KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "gradient_allreduce_flat",
+         "gradient_allreduce_hierarchical", "bytegrad", "bytegrad_hierarchical", "powersgd", "powersgd_8bit",
+         "auto", "local"]
+DEFAULT_KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "bytegrad", "powersgd",
+                 "powersgd_8bit", "auto", "local"]
 CANDIDATE_KINDS = ("gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit")  # what auto chooses from
 INPUT, CLASSES = 64, 10
 START_ITER = 10  # PowerSGD's and the hook's uncompressed first steps
@@ -133,8 +136,11 @@ def make_run(kind, rank_r, lr, model_name="mlp"):
     from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
     from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm
 
-    algorithm = {"gradient_allreduce": lambda: GradientAllReduceAlgorithm(),
+    algorithm = {"gradient_allreduce": lambda: GradientAllReduceAlgorithm(),  # its default
+                 "gradient_allreduce_flat": lambda: GradientAllReduceAlgorithm(hierarchical=False),
+                 "gradient_allreduce_hierarchical": lambda: GradientAllReduceAlgorithm(hierarchical=True),
                  "bytegrad": lambda: ByteGradAlgorithm(hierarchical=False),
+                 "bytegrad_hierarchical": lambda: ByteGradAlgorithm(hierarchical=True),
                  "powersgd": lambda: PowerSGDAlgorithm(rank=rank_r, start_iter=START_ITER, one_bucket=True),
                  "powersgd_8bit": lambda: PowerSGDAlgorithm(rank=rank_r, start_iter=START_ITER, low_precision=True,
                                                             one_bucket=True),
@@ -419,17 +425,19 @@ def print_breakdown(per_rank):
             print(f"{kind:>20} rank {rank}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()))
 
 
-def run_at(rate, world_size, out, worker_args):
-    """The workers' result at one rate: each rank in its own shaped network
-    namespace, or, for 'loopback', local processes (bagua then goes through
-    shared memory, DDP's Gloo through loopback TCP)."""
+def run_at(rate, world_size, out, worker_args, ranks_per_host=1):
+    """The workers' result at one rate: ranks_per_host ranks in each shaped
+    network namespace (an emulated host, whose egress is the rate), or, for
+    'loopback', local processes (bagua then goes through shared memory, DDP's
+    Gloo through loopback TCP)."""
     from common import launch
     from netns import emulated_hosts, launch_on_hosts
 
     if rate == "loopback":
         return launch(__file__, world_size, out, worker_args)
-    with emulated_hosts(world_size, rates_mbit={r: int(rate) for r in range(world_size)}) as hosts:
-        return launch_on_hosts(__file__, hosts, out, worker_args)
+    hosts = world_size // ranks_per_host
+    with emulated_hosts(hosts, rates_mbit={h: int(rate) for h in range(hosts)}) as emulated:
+        return launch_on_hosts(__file__, emulated, out, worker_args, ranks_per_host=ranks_per_host)
 
 
 def plot(report, path: Path) -> None:
@@ -470,7 +478,10 @@ def main():
     parser.add_argument("--model", default="mlp", choices=sorted(MODELS), help="; ".join(
         f"{k}: {v}" for k, v in MODELS.items()))
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--kinds", default=",".join(KINDS), help="from: " + ", ".join(KINDS))
+    parser.add_argument("--ranks-per-host", type=int, default=1,
+                        help="ranks in each emulated host (network namespace), which share its shaped link "
+                             "and memory; e.g. --world-size 4 --ranks-per-host 2: 2 hosts x 2 ranks")
+    parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS), help="from: " + ", ".join(KINDS))
     parser.add_argument("--rank", type=int, default=2,
                         help="PowerSGD's matrix approximation rank (ours, the hook's, auto's); at rank 1, "
                              "60 steps left both 2.9-4 points of accuracy below DDP's")
@@ -492,6 +503,8 @@ def main():
     unknown = set(args.kinds.split(",")) - set(KINDS)
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}; choose from {KINDS}")
+    if args.ranks_per_host < 1 or args.world_size % args.ranks_per_host:
+        parser.error("--ranks-per-host must divide --world-size")
     if args.skip_steps >= args.steps:
         parser.error("--skip-steps must be below --steps")
     if any(r != "loopback" and not r.isdigit() for r in args.rates.split(",")):
@@ -505,9 +518,10 @@ def main():
         if args.breakdown:
             os.environ["BAGUA_TIMELINE"] = str(Path(tmp) / "timeline")
         for rate in args.rates.split(","):
-            print(f"{rate}{'' if rate == 'loopback' else ' Mbit/s'}, {args.world_size} ranks, {args.model}, "
-                  f"{args.steps} steps, load {os.getloadavg()[0]:.1f} ...", flush=True)
-            result = run_at(rate, args.world_size, Path(tmp) / f"{rate}.json", worker_args)
+            print(f"{rate}{'' if rate == 'loopback' else ' Mbit/s'}, {args.world_size} ranks "
+                  f"({args.ranks_per_host} per host), {args.model}, {args.steps} steps, "
+                  f"load {os.getloadavg()[0]:.1f} ...", flush=True)
+            result = run_at(rate, args.world_size, Path(tmp) / f"{rate}.json", worker_args, args.ranks_per_host)
             report["rates"][rate], report["factor_math"][rate] = result["kinds"], result["factor_math"]
             report.setdefault("breakdown", {})[rate] = result["breakdown"]
             print_table(rate, result["kinds"])

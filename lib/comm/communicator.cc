@@ -265,6 +265,10 @@ HierarchicalComms make_hierarchical_comms(Communicator& global,
     }
   }
   HierarchicalComms comms;
+  comms.nodes = static_cast<int>(members.size());
+  for (const auto& node : members) {
+    comms.largest_node = std::max(comms.largest_node, static_cast<int>(node.size()));
+  }
   // new_group is collective: every rank takes part in creating every group,
   // in the same order, and keeps the ones it belongs to.
   std::vector<int> leaders;

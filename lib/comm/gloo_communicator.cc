@@ -260,6 +260,11 @@ class GlooCommunicator final : public Communicator {
   void do_broadcast(const TensorView& buffer, int root) override {
     if (size() == 1) return;
     count(buffer.nbytes());
+    if (on_shared_memory("broadcast", buffer, [&](SharedMemoryGroup& shm) {
+          shm.broadcast(buffer, root, options_.timeout, aborted_);
+        })) {
+      return;
+    }
     collective<::gloo::BroadcastOptions>("broadcast", ::gloo::broadcast, [&](auto& opts) {
       opts.setRoot(root);
       opts.setOutput(buffer.bytes(), buffer.nbytes());

@@ -459,6 +459,25 @@ void SharedMemoryGroup::allgather(const TensorView& send, const TensorView& recv
   }
 }
 
+void SharedMemoryGroup::broadcast(const TensorView& buffer, int root,
+                                  std::chrono::milliseconds timeout,
+                                  const std::atomic<bool>& aborted) {
+  Waiter waiter(*this, "broadcast", buffer, timeout, aborted);
+  const std::size_t total = buffer.nbytes();
+  const bool is_root = rank_ == root;
+  for (std::size_t offset = 0; offset < total; offset += slot_bytes_) {
+    const std::size_t length = std::min(slot_bytes_, total - offset);
+    exchange_piece(
+        [&](std::byte* mine) {
+          if (is_root) std::memcpy(mine, buffer.bytes() + offset, length);
+        },
+        [&](int r, const std::byte* theirs) {
+          if (r == root && !is_root) std::memcpy(buffer.bytes() + offset, theirs, length);
+        },
+        waiter);
+  }
+}
+
 void SharedMemoryGroup::alltoall(const TensorView& send, const TensorView& recv,
                                  std::chrono::milliseconds timeout,
                                  const std::atomic<bool>& aborted) {

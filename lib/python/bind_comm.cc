@@ -193,7 +193,10 @@ void bind_hierarchy(py::module_& m) {
       .def_readonly("intra", &HierarchicalComms::intra)
       .def_readonly("inter", &HierarchicalComms::inter)
       .def_readonly("local_size", &HierarchicalComms::local_size)
-      .def_property_readonly("is_leader", &HierarchicalComms::is_leader);
+      .def_readonly("nodes", &HierarchicalComms::nodes)
+      .def_readonly("largest_node", &HierarchicalComms::largest_node)
+      .def_property_readonly("is_leader", &HierarchicalComms::is_leader)
+      .def_property_readonly("single_level", &HierarchicalComms::single_level);
   m.def(
       "hierarchical_comms",
       [](Communicator& global, const std::vector<int>& node_of_rank) {

@@ -185,6 +185,10 @@ TEST_CASE("subgroups and the hierarchical pair") {
         auto hierarchy = make_hierarchical_comms(comm, local_size);
         REQUIRE(hierarchy.is_leader() == (rank % local_size == 0));
         REQUIRE(hierarchy.intra->rank() == rank % local_size);
+        const int nodes = (world + local_size - 1) / local_size;
+        REQUIRE(hierarchy.nodes == nodes);
+        REQUIRE(hierarchy.largest_node == local_size);
+        REQUIRE(hierarchy.single_level() == (nodes == 1 || local_size == 1));
         std::int64_t value = rank;
         TensorView view{&value, 1, DType::kInt64, {}};
         hierarchy.intra->reduce(view, view, 0, ReduceOp::kSum);

@@ -1,6 +1,6 @@
 // The shared-memory allreduce (ranks as threads of this process share a
 // host): results against the reference for every op and dtype with pieces
-// far smaller than the buffers, identical bits on every rank, the segment
+// far smaller than the buffers, broadcast from every root, identical bits on every rank, the segment
 // really in use, and a missing peer as a TimeoutError naming it.
 #include <doctest/doctest.h>
 
@@ -99,6 +99,29 @@ TEST_CASE("shared-memory allgather and alltoall move the right bytes, in many pi
         comm.alltoall(view(out), view(in));
         for (int r = 0; r < world; ++r) {
           for (std::int64_t b = 0; b < n; ++b) REQUIRE(in[r * n + b] == payload(r, rank, b));
+        }
+      }
+      CHECK(maps_a_segment());
+    });
+  }
+}
+
+TEST_CASE("shared-memory broadcast gives every rank the root's bytes, from any root, in many pieces") {
+  for (int world = 2; world <= 5; ++world) {
+    CAPTURE(world);
+    run_ranks_with(world, shared_memory_options(192), [&](Communicator& comm) {
+      for (int root = 0; root < world; ++root) {
+        for (std::int64_t n : {1, 100, 5000}) {
+          CAPTURE(root);
+          CAPTURE(n);
+          std::vector<std::uint8_t> buffer(n);
+          for (std::int64_t b = 0; b < n; ++b) {
+            buffer[b] = static_cast<std::uint8_t>((comm.rank() * 53 + b) % 251);
+          }
+          comm.broadcast(TensorView{buffer.data(), n, DType::kUInt8, {}}, root);
+          for (std::int64_t b = 0; b < n; ++b) {
+            REQUIRE(buffer[b] == static_cast<std::uint8_t>((root * 53 + b) % 251));
+          }
         }
       }
       CHECK(maps_a_segment());

@@ -225,8 +225,13 @@ struct HierarchicalComms {
   std::shared_ptr<Communicator> intra;
   std::shared_ptr<Communicator> inter;
   int local_size = 1;
+  int nodes = 1;         // how many nodes the group spans
+  int largest_node = 1;  // ranks in its largest node
 
   bool is_leader() const { return inter != nullptr; }
+  // One node, or one rank per node: a hierarchy with one level only, where
+  // a reduction over it is the flat one with extra passes.
+  bool single_level() const { return nodes == 1 || largest_node == 1; }
 };
 
 // Collective over `global`. node_of_rank[r] names the node of rank r of

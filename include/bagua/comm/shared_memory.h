@@ -1,4 +1,5 @@
-// Collectives through shared memory (allreduce, allgather, alltoall), for
+// Collectives through shared memory (allreduce, allgather, alltoall,
+// broadcast), for
 // the ranks of a group that share a host.
 //
 // Over loopback TCP an allreduce costs each rank several copies through the
@@ -29,7 +30,8 @@
 // Allgather and alltoall are the same without the reduce stage: every rank
 // copies its piece (for alltoall: its piece of each destination's chunk) into
 // its slot, and once all have written, copies what is meant for it out of
-// every slot.
+// every slot. Broadcast is the same with only the root's slot written and
+// read.
 // Every wait is bounded by the timeout and watches the peers' processes: a
 // peer that exited is an error at once, naming it.
 //
@@ -87,6 +89,9 @@ class SharedMemoryGroup {
                  const std::atomic<bool>& aborted);
   // recv (size() * send bytes) = concatenation of send over ranks.
   void allgather(const TensorView& send, const TensorView& recv, std::chrono::milliseconds timeout,
+                 const std::atomic<bool>& aborted);
+  // buffer = the root's buffer, on every rank.
+  void broadcast(const TensorView& buffer, int root, std::chrono::milliseconds timeout,
                  const std::atomic<bool>& aborted);
   // chunk j of recv on rank i = chunk i of send on rank j (size() equal chunks).
   void alltoall(const TensorView& send, const TensorView& recv, std::chrono::milliseconds timeout,

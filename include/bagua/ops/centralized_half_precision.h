@@ -51,7 +51,8 @@ class CentralizedHalfPrecisionOp final : public HierarchicalOp {
   CentralizedHalfPrecisionOp(std::shared_ptr<Communicator> global,
                              std::shared_ptr<HierarchicalComms> hierarchy, DType dtype,
                              CentralizedHalfPrecisionOptions options)
-      : HierarchicalOp("C_HP_S", std::move(global), std::move(hierarchy), options.hierarchical),
+      : HierarchicalOp("C_HP_S", std::move(global), hierarchy,
+                       worth_two_levels(options.hierarchical, hierarchy)),
         options_(options) {
     check_float16_communicable(dtype);
   }

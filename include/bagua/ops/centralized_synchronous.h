@@ -31,7 +31,8 @@ class CentralizedSynchronousOp final : public HierarchicalOp {
   CentralizedSynchronousOp(std::shared_ptr<Communicator> global,
                            std::shared_ptr<HierarchicalComms> hierarchy,
                            CentralizedSynchronousOptions options)
-      : HierarchicalOp("C_FP_S", std::move(global), std::move(hierarchy), options.hierarchical),
+      : HierarchicalOp("C_FP_S", std::move(global), hierarchy,
+                       worth_two_levels(options.hierarchical, hierarchy)),
         options_(options) {}
 
   std::string_view name() const override { return "centralized_synchronous"; }

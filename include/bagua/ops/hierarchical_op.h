@@ -3,8 +3,9 @@
 // node leaders (C_FP_S, C_LP_S, D_FP_S, D_LP_S). It holds the communicators
 // and checks them, counts the bytes they send, keeps a Compute on the
 // bucket's device, and writes the two hierarchical patterns once:
-// - centralized (reduce_across): the node sums into its leader, the leaders
-//   reduce among themselves, the node receives the sum, then divides;
+// - centralized (reduce_across): the node sums (every member, so the sum
+//   runs through shared memory), the leaders reduce among themselves, the
+//   node receives the leader's sum, then divides;
 // - decentralized (exchange_across): the node averages on every rank, the
 //   leaders exchange among themselves, the node receives the leader's result.
 //
@@ -55,9 +56,12 @@ class HierarchicalOp : public CommOp {
   }
 
   // data = the sum over all ranks, divided by their number when `average`.
-  // Flat: reduce(global, data, average). Hierarchical: the node sums into its
-  // leader, the leaders run reduce(inter, data, false), the node receives the
+  // Flat: reduce(global, data, average). Hierarchical: the node sums, the
+  // leaders run reduce(inter, data, false), the node receives the leader's
   // sum and divides it.
+  // The node's sum is an allreduce, not a reduce to the leader: inside a
+  // node it runs through shared memory, which has no reduce, and costs there
+  // less than a reduce over loopback TCP.
   template <typename Reduce>
   void reduce_across(const TensorView& data, bool average, Reduce&& reduce) {
     if (!hierarchical_) {
@@ -65,7 +69,7 @@ class HierarchicalOp : public CommOp {
       return;
     }
     auto& intra = *hierarchy_->intra;
-    intra.reduce(data, data, 0, ReduceOp::kSum);
+    intra.allreduce(data, data, ReduceOp::kSum);
     if (hierarchy_->is_leader()) reduce(*hierarchy_->inter, data, false);
     intra.broadcast(data, 0);
     if (average) compute_->divide(data, global_->size());
@@ -84,6 +88,14 @@ class HierarchicalOp : public CommOp {
     intra.allreduce(data, data, ReduceOp::kAvg);
     if (hierarchy_->is_leader()) exchange(*hierarchy_->inter);
     intra.broadcast(data, 0);
+  }
+
+  // Whether an op whose hierarchical form computes the same sum as its flat
+  // one (C_FP_S, C_HP_S) should run it: not over a hierarchy of one level
+  // (one node, or one rank per node), where it is the flat sum with two more
+  // passes.
+  static bool worth_two_levels(bool hierarchical, const std::shared_ptr<HierarchicalComms>& h) {
+    return hierarchical && !(h && h->single_level());
   }
 
   // The compute of `device` (made again when the bucket moved).
