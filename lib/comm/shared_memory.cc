@@ -26,6 +26,7 @@
 #include "bagua/core/elementwise.h"
 #include "bagua/core/errors.h"
 #include "bagua/core/logging.h"
+#include "bagua/runtime/timeline.h"
 
 namespace bagua {
 namespace {
@@ -388,17 +389,38 @@ void SharedMemoryGroup::reduce_piece(const TensorView& buffer, std::int64_t offs
     std::memcpy(to, from, head);
     std::memcpy(to + head + own, from + head + own, tail);
   };
+  // Each stage and wait is a phase on the timeline of the op running this
+  // (bench/step_time.py --breakdown); nothing without one.
   // 1. copy in, once every rank has consumed what this slot set held before
-  const std::uint64_t piece = begin_piece(waiter);
-  around_own(slot(piece, rank_), source);
+  std::uint64_t piece = 0;
+  {
+    const TimelinePhase phase("shm.wait_slot");
+    piece = begin_piece(waiter);
+  }
+  {
+    const TimelinePhase phase("shm.copy_in");
+    around_own(slot(piece, rank_), source);
+  }
   control_->publish(rank_, Stage::kWritten, piece);
   // 2. reduce this rank's segment over the ranks' copies, in rank order
-  waiter.wait_all(Stage::kWritten, piece);
-  if (own > 0) reduce_segment(buffer.dtype, source + head, piece, head, own / element, op);
+  {
+    const TimelinePhase phase("shm.wait_written");
+    waiter.wait_all(Stage::kWritten, piece);
+  }
+  if (own > 0) {
+    const TimelinePhase phase("shm.reduce");
+    reduce_segment(buffer.dtype, source + head, piece, head, own / element, op);
+  }
   control_->publish(rank_, Stage::kReduced, piece);
   // 3. copy the peers' reduced segments out
-  waiter.wait_all(Stage::kReduced, piece);
-  around_own(source, result(piece));
+  {
+    const TimelinePhase phase("shm.wait_reduced");
+    waiter.wait_all(Stage::kReduced, piece);
+  }
+  {
+    const TimelinePhase phase("shm.copy_out");
+    around_own(source, result(piece));
+  }
   control_->publish(rank_, Stage::kConsumed, piece);
 }
 
