@@ -10,7 +10,7 @@ __all__ = ["GradientAllReduceAlgorithm", "GradientAllReduceAlgorithmImpl"]
 
 
 class GradientAllReduceAlgorithmImpl(AlgorithmImpl):
-    def __init__(self, process_group, hierarchical: bool = False, average: bool = True):
+    def __init__(self, process_group, hierarchical: bool = True, average: bool = True):
         super().__init__(process_group)
         self.hierarchical = hierarchical
         self.average = average
@@ -22,11 +22,17 @@ class GradientAllReduceAlgorithmImpl(AlgorithmImpl):
 
 
 class GradientAllReduceAlgorithm(Algorithm):
-    def __init__(self, hierarchical: bool = False, average: bool = True):
+    def __init__(self, hierarchical: bool = True, average: bool = True):
         """
         Args:
-            hierarchical: reduce inside each node first, communicate among
-                node leaders (nodes from LOCAL_WORLD_SIZE), broadcast back.
+            hierarchical: sum inside each node first (through shared memory),
+                communicate among the node leaders only (nodes from
+                LOCAL_WORLD_SIZE), broadcast back inside the node. Over one
+                node, or with one rank per node, it runs the flat allreduce
+                (the same sum, fewer passes), so the default costs nothing
+                there; across hosts of several ranks it sends a host's bytes
+                once instead of once per rank (Bagua's default is False:
+                docs/benchmarks.md, "Across hosts").
             average: average the gradients (True) or sum them (False).
         """
         check_flags(type(self).__name__, hierarchical=hierarchical, average=average)

@@ -64,16 +64,21 @@ def scenario_ddp_equivalence(out_dir):
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         results[f"ddp/{kind}"] = train(ddp, opt, data, set_to_none=False)
         variants = {
+            "default": dict(hierarchical=None, do_flatten=True, set_to_none=False),
             "flat": dict(hierarchical=False, do_flatten=True, set_to_none=False),
             "hierarchical": dict(hierarchical=True, do_flatten=True, set_to_none=True),
             "unflattened": dict(hierarchical=False, do_flatten=False, set_to_none=True),
         }
         for name, v in variants.items():
             model, opt = fresh_model_and_optimizer(kind)
-            model = model.with_bagua([opt], GradientAllReduceAlgorithm(hierarchical=v["hierarchical"]),
-                                     do_flatten=v["do_flatten"])
+            algorithm = (GradientAllReduceAlgorithm() if v["hierarchical"] is None
+                         else GradientAllReduceAlgorithm(hierarchical=v["hierarchical"]))
+            model = model.with_bagua([opt], algorithm, do_flatten=v["do_flatten"])
             results[f"bagua/{kind}/{name}"] = train(model, opt, data, set_to_none=v["set_to_none"])
             results[f"buckets/{kind}/{name}"] = [len(b.tensors) for b in model.bagua_buckets]
+    from bagua.torch_api.process_group import _get_default_group
+
+    results["two_levels"] = _get_default_group().spans_nodes_of_several_ranks()
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 

@@ -105,6 +105,11 @@ class BaguaBucket:
             raise InvalidArgumentError("append_centralized_synchronous_op: error_feedback needs "
                                        f"compression='MinMaxUInt8', got {compression!r}")
         group = _group_or_default(group)
+        if compression != "MinMaxUInt8":
+            # Full precision and float16 sum the same numbers either way: over
+            # one node, or one rank per node, the flat form (the op would run
+            # it too) without setting up the node groups.
+            hierarchical = hierarchical and group.spans_nodes_of_several_ranks()
         hierarchy = group.get_hierarchical_communicators() if hierarchical else None
         if compression is None:
             self.backend_bucket.append_centralized_synchronous_op(

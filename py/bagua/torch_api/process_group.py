@@ -101,6 +101,17 @@ class BaguaProcessGroup:
         with self._lock:
             return self._member_communicator().new_group(list(range(self.get_size())))
 
+    def spans_nodes_of_several_ranks(self) -> bool:
+        """Whether a hierarchy over this group has two levels: several nodes,
+        one of them with several of its ranks (nodes from LOCAL_WORLD_SIZE, as
+        get_hierarchical_communicators takes them). Otherwise a hierarchical
+        reduction is the flat one with extra passes."""
+        local_size = get_local_size()
+        if local_size < 1:
+            raise InvalidArgumentError(f"LOCAL_WORLD_SIZE must be >= 1, got {local_size}")
+        nodes = [rank // local_size for rank in self.ranks]
+        return len(set(nodes)) > 1 and len(nodes) > len(set(nodes))
+
     def get_hierarchical_communicators(self):
         """The intra-node / inter-node pair over the bucket communicator, nodes
         taken from LOCAL_WORLD_SIZE (consecutive global ranks form a node)."""
