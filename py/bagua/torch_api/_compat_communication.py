@@ -198,6 +198,23 @@ def alltoall_v_inplace(tensor: torch.Tensor, counts, displs, comm=None) -> None:
     alltoall_v(tensor.clone(), counts, displs, tensor, counts, displs, comm)
 
 
+def _check_rooted_inplace(what: str, tensor, count: int, root_name: str, root: int, communicator) -> bool:
+    """Checks the tensor of an in-place gather or scatter (``nranks * count``
+    elements on the root, ``count`` elsewhere); returns whether this rank is
+    the root."""
+    check_tensor(tensor, "tensor")
+    if communicator.rank == root:
+        if tensor.numel() != communicator.size * count:
+            raise InvalidArgumentError(
+                f"{what}: on rank {root_name} the tensor must have nranks * count = "
+                f"{communicator.size * count} elements, got {tensor.numel()}")
+        return True
+    if tensor.numel() != count:
+        raise InvalidArgumentError(f"{what}: the tensor must have count = {count} elements, "
+                                   f"got {tensor.numel()}")
+    return False
+
+
 def gather_inplace(tensor: torch.Tensor, count: int, dst: int, comm=None) -> None:
     """The in-place :func:`gather`: on rank ``dst`` ``tensor`` holds
     ``nranks * count`` elements, its own ``count`` already at chunk ``dst``,
@@ -206,19 +223,11 @@ def gather_inplace(tensor: torch.Tensor, count: int, dst: int, comm=None) -> Non
     if _not_member(comm):
         return
     communicator = _communicator(comm)
-    check_tensor(tensor, "tensor")
     count = int(count)
-    if communicator.rank == dst:
-        if tensor.numel() != communicator.size * count:
-            raise InvalidArgumentError(
-                f"gather_inplace: on rank dst the tensor must have nranks * count = "
-                f"{communicator.size * count} elements, got {tensor.numel()}")
+    if _check_rooted_inplace("gather_inplace", tensor, count, "dst", dst, communicator):
         part = tensor.view(-1)[dst * count:(dst + 1) * count].clone()
         _primitives.gather(part, tensor, dst, comm=communicator)
     else:
-        if tensor.numel() != count:
-            raise InvalidArgumentError(f"gather_inplace: the tensor must have count = {count} elements, "
-                                       f"got {tensor.numel()}")
         _primitives.gather(tensor, tensor, dst, comm=communicator)
 
 
@@ -229,19 +238,11 @@ def scatter_inplace(tensor: torch.Tensor, count: int, src: int, comm=None) -> No
     if _not_member(comm):
         return
     communicator = _communicator(comm)
-    check_tensor(tensor, "tensor")
     count = int(count)
-    if communicator.rank == src:
-        if tensor.numel() != communicator.size * count:
-            raise InvalidArgumentError(
-                f"scatter_inplace: on rank src the tensor must have nranks * count = "
-                f"{communicator.size * count} elements, got {tensor.numel()}")
+    if _check_rooted_inplace("scatter_inplace", tensor, count, "src", src, communicator):
         mine = torch.empty(count, dtype=tensor.dtype, device=tensor.device)
         _primitives.scatter(tensor, mine, src, comm=communicator)
     else:
-        if tensor.numel() != count:
-            raise InvalidArgumentError(f"scatter_inplace: the tensor must have count = {count} elements, "
-                                       f"got {tensor.numel()}")
         _primitives.scatter(tensor, tensor, src, comm=communicator)
 
 
