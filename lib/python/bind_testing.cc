@@ -12,15 +12,15 @@
 #include <string_view>
 
 #include "bagua/comm/store.h"
-#include "bagua/compression/minmax_uint8_view.h"
 #include "bagua/compression/chunked_layout.h"
+#include "bagua/compression/minmax_uint8_view.h"
 #include "bagua/core/cuda.h"
-#include "bagua/runtime/cuda_compute.h"
-#include "bagua/ops/op_steps.h"
 #include "bagua/core/env.h"
-#include "bagua/runtime/comm_op.h"
+#include "bagua/ops/op_steps.h"
 #include "bagua/ops/peer_selection.h"
 #include "bagua/runtime/bucket.h"
+#include "bagua/runtime/comm_op.h"
+#include "bagua/runtime/cuda_compute.h"
 #include "bindings.h"
 
 namespace bagua::python {
@@ -111,6 +111,18 @@ void check_host_view(const TensorView& view, std::string_view op, std::string_vi
                   op, which, view.describe());
 }
 
+// The views of one host (de)compression: both in host memory, the values of
+// a compressible dtype, the codes exactly compressed_bytes(values) long.
+void check_host_codec(std::string_view op, const TensorView& values, std::string_view values_name,
+                      const TensorView& codes, std::string_view codes_name) {
+  check_host_view(values, op, values_name);
+  check_host_view(codes, op, codes_name);
+  check_compressible(values.dtype, op);
+  BAGUA_CHECK_ARG(codes.nbytes() == minmax_uint8::compressed_bytes(values.numel),
+                  "{}: {} has {} bytes, {} needed", op, codes_name, codes.nbytes(),
+                  minmax_uint8::compressed_bytes(values.numel));
+}
+
 // The host MinMaxUInt8 compressor on one chunk.
 void bind_host_compressor(py::module_& t) {
   t.def("minmax_uint8_compressed_bytes",
@@ -118,24 +130,14 @@ void bind_host_compressor(py::module_& t) {
   t.def(
       "minmax_uint8_compress",
       [](const TensorView& input, const TensorView& output) {
-        check_host_view(input, "minmax_uint8_compress", "input");
-        check_host_view(output, "minmax_uint8_compress", "output");
-        check_compressible(input.dtype, "minmax_uint8_compress");
-        BAGUA_CHECK_ARG(output.nbytes() == minmax_uint8::compressed_bytes(input.numel),
-                        "minmax_uint8_compress: output has {} bytes, {} needed", output.nbytes(),
-                        minmax_uint8::compressed_bytes(input.numel));
+        check_host_codec("minmax_uint8_compress", input, "input", output, "output");
         minmax_uint8::compress_view(input, output.bytes());
       },
       ReleaseGil());
   t.def(
       "minmax_uint8_decompress",
       [](const TensorView& input, const TensorView& output, bool accumulate) {
-        check_host_view(input, "minmax_uint8_decompress", "input");
-        check_host_view(output, "minmax_uint8_decompress", "output");
-        check_compressible(output.dtype, "minmax_uint8_decompress");
-        BAGUA_CHECK_ARG(input.nbytes() == minmax_uint8::compressed_bytes(output.numel),
-                        "minmax_uint8_decompress: input has {} bytes, {} expected", input.nbytes(),
-                        minmax_uint8::compressed_bytes(output.numel));
+        check_host_codec("minmax_uint8_decompress", output, "output", input, "input");
         minmax_uint8::decompress_view(input.bytes(), output, accumulate);
       },
       py::arg("input"), py::arg("output"), py::arg("accumulate") = false, ReleaseGil());

@@ -28,12 +28,20 @@ BAGUA_HOST_DEVICE inline float bits_float(std::uint32_t bits) {
 
 }  // namespace detail
 
-struct Half {
+// What Half and BFloat16 share: 16 bits of storage, converted from and to
+// float by the format's own from_float / to_float (a static base, so that
+// device code calls them directly).
+template <typename Format>
+struct Float16Storage {
   std::uint16_t bits = 0;
 
-  Half() = default;
-  BAGUA_HOST_DEVICE explicit Half(float value) : bits(from_float(value)) {}
-  BAGUA_HOST_DEVICE explicit operator float() const { return to_float(bits); }
+  Float16Storage() = default;
+  BAGUA_HOST_DEVICE explicit Float16Storage(float value) : bits(Format::from_float(value)) {}
+  BAGUA_HOST_DEVICE explicit operator float() const { return Format::to_float(bits); }
+};
+
+struct Half : Float16Storage<Half> {
+  using Float16Storage::Float16Storage;
 
   BAGUA_HOST_DEVICE static std::uint16_t from_float(float value) {
     const std::uint32_t f = detail::float_bits(value);
@@ -72,12 +80,8 @@ struct Half {
   }
 };
 
-struct BFloat16 {
-  std::uint16_t bits = 0;
-
-  BFloat16() = default;
-  BAGUA_HOST_DEVICE explicit BFloat16(float value) : bits(from_float(value)) {}
-  BAGUA_HOST_DEVICE explicit operator float() const { return to_float(bits); }
+struct BFloat16 : Float16Storage<BFloat16> {
+  using Float16Storage::Float16Storage;
 
   BAGUA_HOST_DEVICE static std::uint16_t from_float(float value) {
     const std::uint32_t f = detail::float_bits(value);

@@ -88,7 +88,7 @@ class NeighborAllgather {
       receives.push_back({output.slice(offset, p.counts[k]), p.options.sources[k]});
       offset += p.counts[k];
     }
-    send_recv(p.options, sends, receives);
+    neighbor_send_recv(*comm_, where(p.options.name), p.options.check_pattern, sends, receives);
   }
 
  private:
@@ -108,7 +108,7 @@ class NeighborAllgather {
     for (std::size_t k = 0; k < o.sources.size(); ++k) {
       receives.push_back({TensorView{&theirs[3 * k], 3, DType::kInt64}, o.sources[k]});
     }
-    send_recv(o, sends, receives);
+    neighbor_send_recv(*comm_, where(o.name), o.check_pattern, sends, receives);
     std::vector<std::int64_t> counts;
     for (std::size_t k = 0; k < o.sources.size(); ++k) {
       const std::int64_t* h = &theirs[3 * k];
@@ -120,20 +120,6 @@ class NeighborAllgather {
       counts.push_back(h[2]);
     }
     return counts;
-  }
-
-  void send_recv(const NeighborAllgatherOptions& o, std::span<const PeerMessage> sends,
-                 std::span<const PeerMessage> receives) {
-    try {
-      comm_->send_recv(sends, receives);
-    } catch (const TimeoutError& e) {
-      throw TimeoutError(
-          fmt::format("{}: no matching peer within the timeout (pattern checked: "
-                      "{}); {}",
-                      where(o.name), o.check_pattern, e.what()));
-    } catch (const BackendError& e) {
-      throw BackendError(fmt::format("{}: {}", where(o.name), e.what()));
-    }
   }
 
   std::shared_ptr<Communicator> comm_;

@@ -157,7 +157,7 @@ class NeighborAllreduce {
       receives.push_back({header_view(in_headers[k]), from[k]});
       receives.push_back({data.back(), from[k]});
     }
-    send_recv(o, sends, receives);
+    neighbor_send_recv(*comm_, where(o), o.check_pattern, sends, receives);
     std::vector<Received> combined;
     for (std::size_t k = 0; k < from.size(); ++k) {
       check_header(o, in, in_headers[k], from[k], tag);
@@ -170,22 +170,6 @@ class NeighborAllreduce {
   }
 
   static TensorView header_view(Header& h) { return TensorView{&h, kHeaderWords, DType::kInt64}; }
-
-  void send_recv(const NeighborAllreduceOptions& o, std::span<const PeerMessage> sends,
-                 std::span<const PeerMessage> receives) {
-    try {
-      comm_->send_recv(sends, receives);
-    } catch (const TimeoutError& e) {
-      // Names the pattern: without the check a rank waiting here usually
-      // means a peer does not take part (a mismatched pattern).
-      throw TimeoutError(
-          fmt::format("{}: no matching peer within the timeout (pattern checked: "
-                      "{}); {}",
-                      where(o), o.check_pattern, e.what()));
-    } catch (const BackendError& e) {
-      throw BackendError(fmt::format("{}: {}", where(o), e.what()));
-    }
-  }
 
   void check_header(const NeighborAllreduceOptions& o, const TensorView& in, const Header& h,
                     int peer, std::uint64_t tag) const {

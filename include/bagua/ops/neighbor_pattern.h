@@ -1,5 +1,6 @@
 // What the neighbour ops (neighbor_allreduce.h, neighbor_allgather.h) share:
-// the message tag of a call and the collective check of a call's pattern.
+// the message tag of a call, the collective check of a call's pattern and
+// the exchange of its data.
 //
 // Pattern check: before moving data, every rank allgathers who it sends to
 // and receives from (plus the call's tag and dtype, and its element count when
@@ -129,6 +130,24 @@ inline void check_neighbor_ranks(std::string_view op, std::string_view what,
     BAGUA_CHECK_ARG(r != self, "{}: {} names rank {} itself", op, what, r);
     BAGUA_CHECK_ARG(!seen[r], "{}: {} names rank {} twice", op, what, r);
     seen[r] = true;
+  }
+}
+
+// The data exchange of a neighbour op's call, its errors naming the call
+// (`where`). A timeout also says whether the pattern was checked: without
+// the check a rank waiting here usually means a peer does not take part (a
+// mismatched pattern).
+inline void neighbor_send_recv(Communicator& comm, const std::string& where, bool pattern_checked,
+                               std::span<const PeerMessage> sends,
+                               std::span<const PeerMessage> receives) {
+  try {
+    comm.send_recv(sends, receives);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(
+        fmt::format("{}: no matching peer within the timeout (pattern checked: {}); {}", where,
+                    pattern_checked, e.what()));
+  } catch (const BackendError& e) {
+    throw BackendError(fmt::format("{}: {}", where, e.what()));
   }
 }
 
