@@ -283,6 +283,18 @@ HierarchicalComms make_hierarchical_comms(Communicator& global,
   std::sort(leaders.begin(), leaders.end());
   auto inter = global.new_group(leaders);
   if (inter) comms.inter = std::move(inter);
+  const bool equal_nodes = std::all_of(members.begin(), members.end(), [&](const auto& node) {
+    return node.size() == members.front().size();
+  });
+  if (equal_nodes && comms.nodes > 1 && comms.largest_node > 1) {
+    for (std::size_t index = 0; index < members.front().size(); ++index) {
+      std::vector<int> same_index;
+      for (const auto& node : members) same_index.push_back(node[index]);
+      std::sort(same_index.begin(), same_index.end());
+      auto group = global.new_group(same_index);
+      if (group) comms.across = std::move(group);
+    }
+  }
   BAGUA_CHECK_INTERNAL(comms.intra != nullptr, "rank {} found no intra-node group", global.rank());
   return comms;
 }

@@ -189,6 +189,19 @@ TEST_CASE("subgroups and the hierarchical pair") {
         REQUIRE(hierarchy.nodes == nodes);
         REQUIRE(hierarchy.largest_node == local_size);
         REQUIRE(hierarchy.single_level() == (nodes == 1 || local_size == 1));
+        // `across`: the ranks of this local index on every node, when nodes are equal.
+        const bool equal_nodes = world % local_size == 0;
+        REQUIRE((hierarchy.across != nullptr) == (equal_nodes && !hierarchy.single_level()));
+        if (hierarchy.across) {
+          REQUIRE(hierarchy.across->size() == nodes);
+          REQUIRE(hierarchy.across->rank() == rank / local_size);
+          std::int64_t ranks_sum = rank;
+          TensorView one{&ranks_sum, 1, DType::kInt64, {}};
+          hierarchy.across->allreduce(one, one, ReduceOp::kSum);
+          std::int64_t expected = 0;
+          for (int node = 0; node < nodes; ++node) expected += node * local_size + rank % local_size;
+          REQUIRE(ranks_sum == expected);
+        }
         std::int64_t value = rank;
         TensorView view{&value, 1, DType::kInt64, {}};
         hierarchy.intra->reduce(view, view, 0, ReduceOp::kSum);

@@ -218,12 +218,17 @@ class Communicator {
   std::map<std::vector<int>, std::uint64_t> partial_ids_;
 };
 
-// The intra-node / inter-node pair for hierarchical communication.
+// The intra-node / inter-node communicators for hierarchical communication.
 // `intra` links the ranks of this rank's node, `inter` the node leaders (the
-// lowest rank of each node) and is null on every other rank.
+// lowest rank of each node) and is null on every other rank. When every
+// node has the same number of ranks, `across` links this rank with the ranks
+// of the same local index on the other nodes (for the leaders, the same
+// ranks as `inter`), so that every rank of a node can carry a share of the
+// node's traffic; null otherwise.
 struct HierarchicalComms {
   std::shared_ptr<Communicator> intra;
   std::shared_ptr<Communicator> inter;
+  std::shared_ptr<Communicator> across;
   int local_size = 1;
   int nodes = 1;         // how many nodes the group spans
   int largest_node = 1;  // ranks in its largest node

@@ -63,9 +63,12 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
   void execute(Bucket& bucket) override {
     for_flat_bucket(bucket, [&](const TensorView& data) {
       if (data.numel == 0) return;
-      reduce_across(data, options_.average, [&](Communicator& comm, const TensorView& d, bool avg) {
-        scatter_reduce(compute(), comm, d, avg);
-      });
+      reduce_across(
+          data, options_.average,
+          [&](Communicator& comm, const TensorView& d, bool avg) {
+            scatter_reduce(compute(), comm, d, avg);
+          },
+          /*shares=*/false);
     });
   }
 

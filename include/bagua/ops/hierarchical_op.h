@@ -4,14 +4,16 @@
 // and checks them, counts the bytes they send, keeps a Compute on the
 // bucket's device, and writes the two hierarchical patterns once:
 // - centralized (reduce_across): the node sums (every member, so the sum
-//   runs through shared memory), the leaders reduce among themselves, the
-//   node receives the leader's sum, then divides;
+//   runs through shared memory), each rank reduces its share of the sum with
+//   the same share on the other nodes (or, with nodes of unequal size, the
+//   leaders reduce it all), the node gathers the result, then divides;
 // - decentralized (exchange_across): the node averages on every rank, the
 //   leaders exchange among themselves, the node receives the leader's result.
 //
 // Threading: as CommOp (the communication thread, one op at a time).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,6 +34,7 @@ class HierarchicalOp : public CommOp {
     global_->abort();
     if (hierarchy_ && hierarchy_->intra) hierarchy_->intra->abort();
     if (hierarchy_ && hierarchy_->inter) hierarchy_->inter->abort();
+    if (hierarchy_ && hierarchy_->across) hierarchy_->across->abort();
   }
 
  protected:
@@ -50,7 +53,8 @@ class HierarchicalOp : public CommOp {
   template <typename Fn>
   void for_flat_bucket(Bucket& bucket, Fn&& fn) {
     const ByteMeter meter(*this, {global_.get(), hierarchy_ ? hierarchy_->intra.get() : nullptr,
-                                  hierarchy_ ? hierarchy_->inter.get() : nullptr});
+                                  hierarchy_ ? hierarchy_->inter.get() : nullptr,
+                                  hierarchy_ ? hierarchy_->across.get() : nullptr});
     compute_on(bucket.device());
     bucket.with_flat_view(std::forward<Fn>(fn));
   }
@@ -61,18 +65,53 @@ class HierarchicalOp : public CommOp {
   // sum and divides it.
   // The node's sum is an allreduce, not a reduce to the leader: inside a
   // node it runs through shared memory, which has no reduce, and costs there
-  // less than a reduce over loopback TCP.
+  // less than a reduce over loopback TCP. With nodes of equal size every
+  // rank then reduces its own share of the node's sum with the same share
+  // on the other nodes (reduce(across, share, false)), and the node gathers
+  // the shares: a node still sends its bytes once, but from all its ranks
+  // at once, which keeps the link busy while each rank's stream waits. Else,
+  // or when the op keeps state per rank of what it reduces (`shares` false:
+  // C_LP_S's residuals), the leaders reduce the whole sum and broadcast it
+  // inside the node.
   template <typename Reduce>
-  void reduce_across(const TensorView& data, bool average, Reduce&& reduce) {
+  void reduce_across(const TensorView& data, bool average, Reduce&& reduce, bool shares = true) {
     if (!hierarchical_) {
       reduce(*global_, data, average);
       return;
     }
     auto& intra = *hierarchy_->intra;
     intra.allreduce(data, data, ReduceOp::kSum);
-    if (hierarchy_->is_leader()) reduce(*hierarchy_->inter, data, false);
-    intra.broadcast(data, 0);
+    if (shares && hierarchy_->across) {
+      reduce_shares(data, reduce);
+    } else {
+      if (hierarchy_->is_leader()) reduce(*hierarchy_->inter, data, false);
+      intra.broadcast(data, 0);
+    }
     if (average) compute_->divide(data, global_->size());
+  }
+
+  // data (the node's sum on every rank of the node) = the sum over nodes:
+  // this rank's share reduced across nodes, then every share gathered.
+  template <typename Reduce>
+  void reduce_shares(const TensorView& data, Reduce& reduce) {
+    auto& intra = *hierarchy_->intra;
+    const std::int64_t ranks = intra.size();
+    const std::int64_t share = (data.numel + ranks - 1) / ranks;
+    const std::int64_t begin = std::min(data.numel, share * intra.rank());
+    const std::int64_t count = std::min(share, data.numel - begin);
+    Compute& c = *compute_;
+    const std::size_t element = dtype_size(data.dtype);
+    const auto mine_block = c.scratch(static_cast<std::size_t>(share) * element);
+    const TensorView mine = c.view(mine_block, share, data.dtype);
+    if (count > 0) {
+      const TensorView own = data.slice(begin, count);
+      reduce(*hierarchy_->across, own, false);
+      c.copy(mine.data, own.data, own.nbytes());
+    }
+    const auto all_block = c.scratch(static_cast<std::size_t>(share * ranks) * element);
+    const TensorView all = c.view(all_block, share * ranks, data.dtype);
+    intra.allgather(mine, all);  // a short last share gathers padding, never read
+    c.copy(data.data, all.data, data.nbytes());
   }
 
   // Flat: exchange(global). Hierarchical: the node averages `data` on every
