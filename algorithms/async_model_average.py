@@ -270,6 +270,8 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
 
 
 class AsyncModelAverageAlgorithm(Algorithm):
+    impl_class = AsyncModelAverageAlgorithmImpl
+
     def __init__(self, peer_selection_mode: str = "all", sync_interval_ms: int = 500,
                  warmup_steps: int = 0, max_staleness_steps: Optional[int] = DEFAULT_MAX_STALENESS_STEPS):
         """
@@ -288,15 +290,8 @@ class AsyncModelAverageAlgorithm(Algorithm):
         if max_staleness_steps is not None:
             check_integer(type(self).__name__, "max_staleness_steps", max_staleness_steps, 1,
                           " (None: unbounded)")
-        self.peer_selection_mode = peer_selection_mode
-        self.sync_interval_ms = sync_interval_ms
-        self.warmup_steps = warmup_steps
-        self.max_staleness_steps = max_staleness_steps
-
-    def reify(self, process_group) -> AsyncModelAverageAlgorithmImpl:
-        return AsyncModelAverageAlgorithmImpl(process_group, self.peer_selection_mode,
-                                              self.sync_interval_ms, self.warmup_steps,
-                                              self.max_staleness_steps)
+        self.keep_settings(peer_selection_mode=peer_selection_mode, sync_interval_ms=sync_interval_ms,
+                           warmup_steps=warmup_steps, max_staleness_steps=max_staleness_steps)
 
     def abort(self, bagua_module, average: bool = False) -> None:
         """Stops the background averaging on every rank (collective in effect:

@@ -75,10 +75,28 @@ def do_nothing(*args) -> None:
 
 # -- the interface ------------------------------------------------------------
 class Algorithm:
-    """User-facing algorithm: arguments only. Subclasses implement ``reify``."""
+    """User-facing algorithm: arguments only. Subclasses implement ``reify``,
+    or name their ``impl_class`` and keep their checked arguments with
+    :meth:`keep_settings`, which the default ``reify`` passes on."""
+
+    #: The AlgorithmImpl the default ``reify`` builds.
+    impl_class = None
+
+    def keep_settings(self, **settings) -> None:
+        """Keeps the constructor's checked ``settings`` as attributes (users
+        read them, e.g. ``algorithm.hierarchical``); ``reify`` passes them by
+        keyword, as they are then, to ``impl_class(process_group, ...)``."""
+        self._setting_names = tuple(settings)
+        for name, value in settings.items():
+            setattr(self, name, value)
 
     def reify(self, process_group) -> "AlgorithmImpl":
-        raise NotImplementedError(f"{type(self).__name__} must implement reify(process_group)")
+        if type(self).impl_class is None or not hasattr(self, "_setting_names"):
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement reify(process_group), or set impl_class and "
+                "call keep_settings")
+        return type(self).impl_class(process_group,
+                                     **{name: getattr(self, name) for name in self._setting_names})
 
     @classmethod
     def init(cls, *args, **kwargs) -> "Algorithm":

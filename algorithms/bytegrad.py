@@ -29,6 +29,8 @@ class ByteGradAlgorithmImpl(GradientAllReduceAlgorithmImpl):
 
 
 class ByteGradAlgorithm(GradientAllReduceAlgorithm):
+    impl_class = ByteGradAlgorithmImpl
+
     def __init__(self, hierarchical: bool = True, average: bool = True):
         """
         Args:
@@ -37,9 +39,6 @@ class ByteGradAlgorithm(GradientAllReduceAlgorithm):
             average: average (True) or sum (False) the gradients.
         """
         super().__init__(hierarchical=hierarchical, average=average)
-
-    def reify(self, process_group) -> ByteGradAlgorithmImpl:
-        return ByteGradAlgorithmImpl(process_group, self.hierarchical, self.average)
 
 
 class Float16GradAlgorithmImpl(GradientAllReduceAlgorithmImpl):
@@ -51,6 +50,8 @@ class Float16GradAlgorithmImpl(GradientAllReduceAlgorithmImpl):
 
 
 class Float16GradAlgorithm(GradientAllReduceAlgorithm):
+    impl_class = Float16GradAlgorithmImpl
+
     def __init__(self, hierarchical: bool = True, average: bool = True):
         """
         Args:
@@ -61,6 +62,3 @@ class Float16GradAlgorithm(GradientAllReduceAlgorithm):
                 DDP's fp16_compress_hook (True), or only sum (False).
         """
         super().__init__(hierarchical=hierarchical, average=average)
-
-    def reify(self, process_group) -> Float16GradAlgorithmImpl:
-        return Float16GradAlgorithmImpl(process_group, self.hierarchical, self.average)

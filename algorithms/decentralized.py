@@ -164,6 +164,8 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
 
 
 class LowPrecisionDecentralizedAlgorithm(Algorithm):
+    impl_class = LowPrecisionDecentralizedAlgorithmImpl
+
     def __init__(self, hierarchical: bool = True, communication_interval: int = 1, topology=None):
         """
         Args:
@@ -190,13 +192,8 @@ class LowPrecisionDecentralizedAlgorithm(Algorithm):
             if hierarchical:
                 raise InvalidArgumentError(f"{name}: a topology sets the peers of every rank; pass "
                                            "hierarchical=False with it")
-        self.hierarchical = hierarchical
-        self.communication_interval = communication_interval
-        self.topology = topology
-
-    def reify(self, process_group) -> LowPrecisionDecentralizedAlgorithmImpl:
-        return LowPrecisionDecentralizedAlgorithmImpl(process_group, self.hierarchical,
-                                                      self.communication_interval, self.topology)
+        self.keep_settings(hierarchical=hierarchical, communication_interval=communication_interval,
+                           topology=topology)
 
 
 class _TopologyPatterns:
@@ -327,6 +324,8 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
 
 
 class DecentralizedAlgorithm(Algorithm):
+    impl_class = DecentralizedAlgorithmImpl
+
     def __init__(self, hierarchical: bool = True, peer_selection_mode: str = "all",
                  communication_interval: int = 1, topology=None):
         """
@@ -355,12 +354,6 @@ class DecentralizedAlgorithm(Algorithm):
         if topology is not None and (hierarchical or peer_selection_mode != "all"):
             raise InvalidArgumentError(f"{name}: a topology sets the peers of every rank; pass "
                                        "hierarchical=False and no peer_selection_mode with it")
-        self.hierarchical = hierarchical
-        self.peer_selection_mode = peer_selection_mode
-        self.communication_interval = communication_interval
-        self.topology = topology
-
-    def reify(self, process_group) -> DecentralizedAlgorithmImpl:
-        return DecentralizedAlgorithmImpl(process_group, self.hierarchical, self.peer_selection_mode,
-                                          self.communication_interval, self.topology)
+        self.keep_settings(hierarchical=hierarchical, peer_selection_mode=peer_selection_mode,
+                           communication_interval=communication_interval, topology=topology)
 

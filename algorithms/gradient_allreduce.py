@@ -22,6 +22,8 @@ class GradientAllReduceAlgorithmImpl(AlgorithmImpl):
 
 
 class GradientAllReduceAlgorithm(Algorithm):
+    impl_class = GradientAllReduceAlgorithmImpl
+
     def __init__(self, hierarchical: bool = True, average: bool = True):
         """
         Args:
@@ -36,8 +38,4 @@ class GradientAllReduceAlgorithm(Algorithm):
             average: average the gradients (True) or sum them (False).
         """
         check_flags(type(self).__name__, hierarchical=hierarchical, average=average)
-        self.hierarchical = hierarchical
-        self.average = average
-
-    def reify(self, process_group) -> GradientAllReduceAlgorithmImpl:
-        return GradientAllReduceAlgorithmImpl(process_group, self.hierarchical, self.average)
+        self.keep_settings(hierarchical=hierarchical, average=average)

@@ -407,6 +407,8 @@ def _unflatten_into(buffers, params) -> None:
 
 
 class PartialAllReduceAlgorithm(Algorithm):
+    impl_class = PartialAllReduceAlgorithmImpl
+
     def __init__(self, group_size: int = 3, group_generator: str = "smart",
                  slowdown_threshold: Optional[int] = None, inter_intra: Optional[bool] = None,
                  communication_interval: int = 1, overlap: bool = True, warmup_steps: int = 0,
@@ -445,21 +447,10 @@ class PartialAllReduceAlgorithm(Algorithm):
         check_integer(name, "warmup_steps", warmup_steps, 0)
         check_integer(name, "seed", seed, 0)
         check_flags(name, low_precision=low_precision)
-        self.low_precision = low_precision
-        self.group_size = group_size
-        self.group_generator = group_generator
-        self.slowdown_threshold = slowdown_threshold
-        self.inter_intra = inter_intra
-        self.communication_interval = communication_interval
-        self.overlap = overlap
-        self.warmup_steps = warmup_steps
-        self.seed = seed
-
-    def reify(self, process_group) -> PartialAllReduceAlgorithmImpl:
-        return PartialAllReduceAlgorithmImpl(
-            process_group, self.group_size, self.group_generator, self.slowdown_threshold,
-            self.inter_intra, self.communication_interval, self.overlap, self.warmup_steps, self.seed,
-            self.low_precision)
+        self.keep_settings(group_size=group_size, group_generator=group_generator,
+                           slowdown_threshold=slowdown_threshold, inter_intra=inter_intra,
+                           communication_interval=communication_interval, overlap=overlap,
+                           warmup_steps=warmup_steps, seed=seed, low_precision=low_precision)
 
     @staticmethod
     def _impl(bagua_module) -> PartialAllReduceAlgorithmImpl:
