@@ -18,7 +18,10 @@ The kind "local" trains each rank's model alone, without any communication
 
 An algorithm named with "@tcp" runs on a process group whose communicators
 keep every collective on loopback TCP (BAGUA_SHARED_MEMORY=0 while the group
-is made): the transport before shared memory, in the same run.
+is made): the transport before shared memory, in the same run. With
+"@slots" the group's shared-memory allreduce always goes through the
+segment's slots (BAGUA_SHARED_MEMORY_DIRECT=0), never direct between the
+ranks' buffers.
 
 Prints, per model and world size, each kind's median and p90 step time, the
 median time of each stage (forward, backward with the communication wait,
@@ -80,25 +83,38 @@ def make_algorithm(kind):
     return getattr(importlib.import_module(f"bagua.torch_api.algorithms.{module}"), cls)(**kwargs)
 
 
-def tcp_only_group():
-    """A group of all ranks whose communicators never use shared memory."""
+# A suffix's group: every communicator of it made with this variable set.
+TRANSPORTS = {"tcp": "BAGUA_SHARED_MEMORY", "slots": "BAGUA_SHARED_MEMORY_DIRECT"}
+
+
+def group_with(variable):
+    """A group of all ranks whose communicators are made with ``variable``=0
+    (BAGUA_SHARED_MEMORY: never shared memory; BAGUA_SHARED_MEMORY_DIRECT:
+    the shared-memory allreduce through its slots, never direct)."""
     import os
 
     import bagua.torch_api as bagua
     from bagua.torch_api._core import core
 
-    os.environ["BAGUA_SHARED_MEMORY"] = "0"
+    import torch
+
+    from bagua.torch_api._core import tensor_view
+
+    os.environ[variable] = "0"
     core._testing.reload_env()
     try:
         group = bagua.new_group(list(range(bagua.get_world_size())))
-        group.get_bucket_communicator()  # made now, while the variable says so
+        # made now, while the variable says so; its first collective sets up
+        # the shared-memory group, which reads the variables then
+        view = tensor_view(torch.zeros(1), "probe")
+        group.get_bucket_communicator().allreduce(view, view, "sum")
     finally:
-        del os.environ["BAGUA_SHARED_MEMORY"]
+        del os.environ[variable]
         core._testing.reload_env()
     return group
 
 
-def make_run(kind, spec, tcp_group):
+def make_run(kind, spec, groups):
     import torch
 
     torch.manual_seed(0)
@@ -109,7 +125,7 @@ def make_run(kind, spec, tcp_group):
     elif kind == "local":
         pass  # no communication at all: the floor
     else:
-        group = tcp_group if kind.endswith("@tcp") else None
+        group = groups.get(kind.partition("@")[2]) if "@" in kind else None
         model = model.with_bagua([opt], make_algorithm(kind), process_group=group)
     return model, opt
 
@@ -225,13 +241,14 @@ def worker(args):
     torch.set_num_threads(1)
     bagua.init_process_group()
     rank = bagua.get_rank()
-    tcp_group = tcp_only_group() if "@tcp" in args.algorithms else None
+    groups = {suffix: group_with(variable) for suffix, variable in TRANSPORTS.items()
+              if f"@{suffix}" in args.algorithms}
     results = {}
     for model_name, spec in MODELS.items():
         g = torch.Generator().manual_seed(rank)
         batches = [(torch.randn(args.batch, spec["input"], generator=g),
                     torch.randint(0, 10, (args.batch,), generator=g)) for _ in range(8)]
-        runs = {kind: make_run(kind, spec, tcp_group) for kind in kinds}
+        runs = {kind: make_run(kind, spec, groups) for kind in kinds}
         interleaved_steps(runs, batches, args.warmup)  # includes bagua's profiling iteration
         clock = timeline.get(rank)  # with --breakdown (BAGUA_TIMELINE set)
         if clock is None:
@@ -294,7 +311,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--algorithms", default="gradient_allreduce,bytegrad",
-                        help="comma-separated: " + ", ".join(ALGORITHMS) + " (each also as NAME@tcp)")
+                        help="comma-separated: " + ", ".join(ALGORITHMS) + " (each also as NAME@tcp, NAME@slots)")
     parser.add_argument("--steps", type=int, default=60, help="timed steps per kind")
     parser.add_argument("--repeats", type=int, default=3, help="whole comparisons, fresh processes each")
     parser.add_argument("--warmup", type=int, default=5)
@@ -307,9 +324,11 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    unknown = {k.split("@")[0] for k in args.algorithms.split(",")} - set(ALGORITHMS) - {"local"}
-    if unknown or "local@tcp" in args.algorithms:
-        parser.error(f"unknown algorithms {sorted(unknown or ['local@tcp'])}; choose from "
+    kinds = args.algorithms.split(",")
+    unknown = {k.split("@")[0] for k in kinds} - set(ALGORITHMS) - {"local"}
+    unknown |= {k for k in kinds if "@" in k and (k.startswith("local") or k.split("@")[1] not in TRANSPORTS)}
+    if unknown:
+        parser.error(f"unknown algorithms {sorted(unknown)}; choose from "
                      f"{sorted(ALGORITHMS)} or local")
 
     import os

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "bagua/core/elementwise.h"
+#include "bagua/core/env.h"
 #include "bagua/core/errors.h"
 #include "bagua/core/logging.h"
 #include "bagua/runtime/timeline.h"
@@ -38,6 +40,9 @@ constexpr std::size_t kKeyBytes = 256;
 constexpr std::size_t kSegmentBudget = 64ULL << 20;  // all slots and results of one group
 constexpr std::chrono::milliseconds kSlice{100};     // how often a waiter checks its peers
 constexpr std::size_t kReduceBlockBytes = std::size_t{16} << 10;  // a block of the reduction, in L1
+// A block of the direct reduction: each peer's copy of it is read into one
+// of these, so size() of them stay in L2 while the block is reduced.
+constexpr std::size_t kDirectBlockBytes = std::size_t{64} << 10;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -143,30 +148,43 @@ struct alignas(kLine) RankState {
   std::atomic<std::uint64_t> reduced{0};
   std::atomic<std::uint64_t> consumed{0};
   std::atomic<std::int32_t> pid{0};
+  // The buffer of this rank's direct allreduce in flight (valid once
+  // written = that call).
+  std::atomic<std::uint64_t> address{0};
 
   std::atomic<std::uint64_t>& at(Stage stage) {
     return stage == Stage::kWritten ? written : stage == Stage::kReduced ? reduced : consumed;
   }
 };
 
-// Header line (the futex word and its waiter count), then one line per rank.
+// Header lines (the futex word and its waiter count; the direct allreduce's
+// block counters), then one line per rank.
 struct SharedMemoryGroup::Control {
   alignas(kLine) std::atomic<std::uint32_t> epoch{0};
   std::atomic<std::uint32_t> waiters{0};
+  // Blocks of direct allreduces claimed and finished so far, over all calls
+  // (each call's blocks are numbered on from the previous call's).
+  alignas(kLine) std::atomic<std::uint64_t> claimed{0};
+  std::atomic<std::uint64_t> finished{0};
 
   RankState& rank(int r) {
-    return *reinterpret_cast<RankState*>(reinterpret_cast<std::byte*>(this) + kLine +
+    return *reinterpret_cast<RankState*>(reinterpret_cast<std::byte*>(this) + sizeof(Control) +
                                          static_cast<std::size_t>(r) * sizeof(RankState));
   }
   static std::size_t bytes(int size) {
-    return round_up(kLine + static_cast<std::size_t>(size) * sizeof(RankState), kPage);
+    return round_up(sizeof(Control) + static_cast<std::size_t>(size) * sizeof(RankState), kPage);
+  }
+
+  // Wakes whoever waits, after a counter changed.
+  void wake() {
+    epoch.fetch_add(1, std::memory_order_seq_cst);
+    if (waiters.load(std::memory_order_seq_cst) > 0) futex(&epoch, FUTEX_WAKE, INT_MAX, nullptr);
   }
 
   // Makes this rank's `stage` counter `value` and wakes whoever waits.
   void publish(int r, Stage stage, std::uint64_t value) {
     rank(r).at(stage).store(value, std::memory_order_release);
-    epoch.fetch_add(1, std::memory_order_seq_cst);
-    if (waiters.load(std::memory_order_seq_cst) > 0) futex(&epoch, FUTEX_WAKE, INT_MAX, nullptr);
+    wake();
   }
 };
 
@@ -188,18 +206,32 @@ class SharedMemoryGroup::Waiter {
         spin_(static_cast<unsigned>(owner.size_) <= std::thread::hardware_concurrency()) {}
 
   void wait_all(Stage stage, std::uint64_t target) {
+    wait_until([&] { return all_reached(stage, target); },
+               [&](auto deadline) { check_progress(stage, target, deadline); });
+  }
+
+  // Until `target` direct blocks are finished (by whichever ranks).
+  void wait_blocks(std::uint64_t target) {
+    std::atomic<std::uint64_t>& finished = owner_.control_->finished;
+    wait_until([&] { return finished.load(std::memory_order_acquire) >= target; },
+               [&](auto deadline) { check_blocks(finished.load(), target, deadline); });
+  }
+
+ private:
+  template <typename Done, typename Check>
+  void wait_until(Done&& done, Check&& check) {
     Control& c = *owner_.control_;
     if (spin_) {  // peers on cores of their own usually arrive within microseconds
       for (int i = 0; i < 256; ++i) {
-        if (all_reached(stage, target)) return;
+        if (done()) return;
         cpu_relax();
       }
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (true) {
       const std::uint32_t seen = c.epoch.load(std::memory_order_seq_cst);
-      if (all_reached(stage, target)) return;
-      check_progress(stage, target, deadline);
+      if (done()) return;
+      check(deadline);
       const auto left =
           std::min<std::chrono::nanoseconds>(kSlice, deadline - std::chrono::steady_clock::now());
       const timespec slice{0, std::max<long>(1000, static_cast<long>(left.count()))};
@@ -209,7 +241,27 @@ class SharedMemoryGroup::Waiter {
     }
   }
 
- private:
+  // As check_progress, for blocks some rank claimed but has not finished.
+  void check_blocks(std::uint64_t finished, std::uint64_t target,
+                    std::chrono::steady_clock::time_point deadline) const {
+    const auto where = [&] {
+      return fmt::format(
+          "direct allreduce of {} on rank {} of {} (group '{}'): {} blocks unfinished",
+          buffer_.describe(), owner_.rank_, owner_.size_, owner_.group_name_,
+          target - std::min(finished, target));
+    };
+    if (aborted_.load()) throw BackendError(where() + ": the communicator was aborted");
+    for (int r = 0; r < owner_.size_; ++r) {
+      const int pid = owner_.control_->rank(r).pid.load();
+      if (r != owner_.rank_ && pid > 0 && process_exited(pid)) {
+        throw BackendError(fmt::format("{}: rank {} (pid {}) has exited", where(), r, pid));
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(fmt::format("{}: timed out after {} ms", where(), timeout_.count()));
+    }
+  }
+
   bool all_reached(Stage stage, std::uint64_t target) const {
     for (int r = 0; r < owner_.size_; ++r) {
       if (owner_.control_->rank(r).at(stage).load(std::memory_order_acquire) < target) return false;
@@ -289,6 +341,40 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
   return out;
 }
 
+// Whether every rank can read the next rank's memory with process_vm_readv
+// (the kernel may refuse: Yama's ptrace scope, seccomp, other users).
+// Collective over `comm`.
+bool peers_memory_reachable(Communicator& comm, const std::string& group_name) {
+  static const std::uint64_t probe = 0x62616775612d766dULL;  // what every rank reads
+  const auto mine = fmt::format("{} {}", ::getpid(), reinterpret_cast<std::uintptr_t>(&probe));
+  const auto all = allgather_strings(comm, mine, kNameBytes);
+  const int next = (comm.rank() + 1) % comm.size();
+  long pid = 0;
+  std::uintptr_t address = 0;
+  std::string error;
+  if (std::sscanf(all[static_cast<std::size_t>(next)].c_str(), "%ld %lu", &pid,
+                  reinterpret_cast<unsigned long*>(&address)) != 2) {
+    error = "bad probe record";
+  } else {
+    std::uint64_t seen = 0;
+    const iovec local{&seen, sizeof(seen)}, remote{reinterpret_cast<void*>(address), sizeof(seen)};
+    const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+    if (n != static_cast<ssize_t>(sizeof(seen)) || seen != probe) {
+      error = fmt::format("process_vm_readv of rank {}: {}", next,
+                          n < 0 ? std::strerror(errno) : "wrong bytes");
+    }
+  }
+  const auto errors = allgather_strings(comm, error, kNameBytes);
+  const auto failed =
+      std::find_if(errors.begin(), errors.end(), [](auto& e) { return !e.empty(); });
+  if (failed != errors.end()) {
+    log().info("group '{}': direct allreduce unavailable (rank {}: {}); using the slots",
+               group_name, failed - errors.begin(), *failed);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::attach(Communicator& comm,
@@ -327,19 +413,23 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::attach(Communicator& comm,
                group_name, failed - errors.begin(), *failed);
     return nullptr;
   }
-  log().debug("group '{}': allreduce through shared memory ({} slots of {} bytes)", group_name,
-              size, slot);
-  return std::unique_ptr<SharedMemoryGroup>(
-      new SharedMemoryGroup(mapping.base, bytes, rank, size, slot, group_name));
+  const bool direct = options.direct_min_bytes > 0 && env().shared_memory_direct &&
+                      peers_memory_reachable(comm, group_name);
+  log().debug("group '{}': allreduce through shared memory ({} slots of {} bytes{})", group_name,
+              size, slot, direct ? ", direct" : "");
+  return std::unique_ptr<SharedMemoryGroup>(new SharedMemoryGroup(
+      mapping.base, bytes, rank, size, slot, direct ? options.direct_min_bytes : 0, group_name));
 }
 
 SharedMemoryGroup::SharedMemoryGroup(void* base, std::size_t bytes, int rank, int size,
-                                     std::size_t slot_bytes, std::string group_name)
+                                     std::size_t slot_bytes, std::int64_t direct_min_bytes,
+                                     std::string group_name)
     : base_(base),
       bytes_(bytes),
       rank_(rank),
       size_(size),
       slot_bytes_(slot_bytes),
+      direct_min_bytes_(direct_min_bytes),
       group_name_(std::move(group_name)),
       control_(static_cast<Control*>(base)),
       data_(static_cast<std::byte*>(base) + Control::bytes(size)) {
@@ -369,6 +459,10 @@ void SharedMemoryGroup::allreduce(const TensorView& buffer, ReduceOp op,
   BAGUA_CHECK_ARG(buffer.device.type == DeviceType::kCPU,
                   "shared-memory allreduce needs host memory, got {}", buffer.describe());
   Waiter waiter(*this, "allreduce", buffer, timeout, aborted);
+  if (direct(buffer.nbytes())) {
+    direct_allreduce(buffer, op, waiter);
+    return;
+  }
   const auto per_piece = static_cast<std::int64_t>(slot_bytes_ / dtype_size(buffer.dtype));
   for (std::int64_t offset = 0; offset < buffer.numel; offset += per_piece) {
     reduce_piece(buffer, offset, std::min(per_piece, buffer.numel - offset), op, waiter);
@@ -454,6 +548,134 @@ void SharedMemoryGroup::reduce_segment(DType dtype, std::byte* mine, std::uint64
       std::memcpy(result(piece) + at + first * sizeof(T), out, count * sizeof(T));  // for the peers
     }
   });
+}
+
+void SharedMemoryGroup::direct_allreduce(const TensorView& buffer, ReduceOp op, Waiter& waiter) {
+  // One piece number, no slot: later slot pieces find the sets free as before.
+  const std::uint64_t call = ++pieces_done_;
+  control_->rank(rank_).address.store(reinterpret_cast<std::uintptr_t>(buffer.bytes()),
+                                      std::memory_order_relaxed);
+  control_->publish(rank_, Stage::kWritten, call);  // releases the address with it
+  {
+    const TimelinePhase phase("shm.wait_written");
+    waiter.wait_all(Stage::kWritten, call);
+  }
+  const std::size_t element = dtype_size(buffer.dtype);
+  const std::size_t per_block = kDirectBlockBytes / element;
+  const std::uint64_t first = blocks_done_,
+                      blocks = (static_cast<std::size_t>(buffer.numel) + per_block - 1) / per_block;
+  blocks_done_ += blocks;
+  {
+    // Blocks go to whichever rank is running: on a machine with fewer cores
+    // than ranks, the ranks the scheduler left out are not waited for.
+    const TimelinePhase phase("shm.direct_reduce");
+    scratch_.resize(static_cast<std::size_t>(size_) * kDirectBlockBytes / 8);  // once
+    for (std::uint64_t block = claim_block(first, blocks); block < blocks;
+         block = claim_block(first, blocks)) {
+      const std::size_t begin = block * per_block;
+      const std::size_t count = std::min(per_block, static_cast<std::size_t>(buffer.numel) - begin);
+      reduce_block(buffer.dtype, buffer.bytes(), begin * element, count, op,
+                   reinterpret_cast<std::byte*>(scratch_.data()));
+      if (control_->finished.fetch_add(1, std::memory_order_acq_rel) + 1 == first + blocks) {
+        control_->wake();
+      }
+    }
+  }
+  {
+    // Peers write into this buffer until the last block is finished.
+    const TimelinePhase phase("shm.wait_reduced");
+    waiter.wait_blocks(first + blocks);
+  }
+  control_->rank(rank_).reduced.store(call, std::memory_order_release);
+  control_->publish(rank_, Stage::kConsumed, call);
+}
+
+std::uint64_t SharedMemoryGroup::claim_block(std::uint64_t first, std::uint64_t blocks) {
+  std::uint64_t claimed = control_->claimed.load(std::memory_order_relaxed);
+  do {
+    if (claimed >= first + blocks) return blocks;
+  } while (
+      !control_->claimed.compare_exchange_weak(claimed, claimed + 1, std::memory_order_acq_rel));
+  return claimed - first;
+}
+
+void SharedMemoryGroup::reduce_block(DType dtype, std::byte* mine, std::size_t at, std::size_t n,
+                                     ReduceOp op, std::byte* scratch) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr std::size_t kBlock = kDirectBlockBytes / sizeof(T);
+    const std::size_t bytes = n * sizeof(T);
+    // Each peer's copy goes into its scratch block; at this rank's index the
+    // partial sums (its own copy must be read at its place in the order).
+    const auto block_of = [&](int r) {
+      return reinterpret_cast<T*>(scratch) + static_cast<std::size_t>(r) * kBlock;
+    };
+    T* const out = reinterpret_cast<T*>(mine + at);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) read_peer(r, reinterpret_cast<std::byte*>(block_of(r)), at, bytes);
+    }
+    const auto copy_of = [&](int r) -> const T* { return r == rank_ ? out : block_of(r); };
+    T* const partial = rank_ <= 1 ? out : block_of(rank_);
+    for (int r = 1; r < size_; ++r) {  // as reduce_segment: the same bits
+      const bool last = r == size_ - 1;
+      T* const into = last ? out : partial;
+      const T* const sum = r == 1 ? copy_of(0) : partial;
+      if (op == ReduceOp::kAvg && last) {
+        sum_then_divide<T>(into, sum, copy_of(r), n, size_);
+      } else {
+        reduce_elements<T>(op, into, sum, copy_of(r), n);
+      }
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) write_peer(r, reinterpret_cast<const std::byte*>(out), at, bytes);
+    }
+  });
+}
+
+namespace {
+
+// process_vm_readv or _writev of all `bytes`, or a BackendError naming the peer.
+template <typename Call>
+void move_bytes(Call&& call, const char* what, int peer, int pid, std::size_t bytes) {
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = call(done);
+    if (n <= 0) {
+      throw BackendError(fmt::format("direct allreduce: {} of rank {} (pid {}): {}", what, peer,
+                                     pid, n < 0 ? std::strerror(errno) : "no progress"));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+void SharedMemoryGroup::read_peer(int peer, std::byte* local, std::size_t at,
+                                  std::size_t bytes) const {
+  const RankState& state = control_->rank(peer);
+  const int pid = state.pid.load(std::memory_order_relaxed);
+  const std::uintptr_t base = state.address.load(std::memory_order_relaxed) + at;
+  move_bytes(
+      [&](std::size_t done) {
+        const iovec to{local + done, bytes - done};
+        const iovec from{reinterpret_cast<void*>(base + done), bytes - done};
+        return ::process_vm_readv(pid, &to, 1, &from, 1, 0);
+      },
+      "reading the buffer", peer, pid, bytes);
+}
+
+void SharedMemoryGroup::write_peer(int peer, const std::byte* local, std::size_t at,
+                                   std::size_t bytes) const {
+  const RankState& state = control_->rank(peer);
+  const int pid = state.pid.load(std::memory_order_relaxed);
+  const std::uintptr_t base = state.address.load(std::memory_order_relaxed) + at;
+  move_bytes(
+      [&](std::size_t done) {
+        const iovec from{const_cast<std::byte*>(local) + done, bytes - done};
+        const iovec to{reinterpret_cast<void*>(base + done), bytes - done};
+        return ::process_vm_writev(pid, &from, 1, &to, 1, 0);
+      },
+      "writing the buffer", peer, pid, bytes);
 }
 
 template <typename Fill, typename Drain>

@@ -97,6 +97,7 @@ void bind_env(py::module_& m) {
       .def_readonly("check_collectives", &EnvConfig::check_collectives)
       .def_readonly("shared_memory", &EnvConfig::shared_memory)
       .def_readonly("shared_memory_min_bytes", &EnvConfig::shared_memory_min_bytes)
+      .def_readonly("shared_memory_direct", &EnvConfig::shared_memory_direct)
       .def_readonly("gloo_hostname", &EnvConfig::gloo_hostname)
       .def_readonly("timeline", &EnvConfig::timeline)
       .def_readonly("autotune", &EnvConfig::autotune)

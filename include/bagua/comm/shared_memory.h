@@ -27,6 +27,22 @@
 // rank that moves 5 - 2/n times the piece's bytes through memory (reads
 // plus writes), against 7 - 3/n when the own segment went through the slot
 // too and every pass went over the whole segment.
+// Direct allreduce (buffers of at least `direct_min_bytes`, where the kernel
+// lets a rank read and write its peers' memory: process_vm_readv/writev,
+// probed once when the group is set up). No slot is used: every rank
+// publishes its buffer's address and written = call; once all have, the
+// ranks claim blocks of 64 KiB from a counter in the segment, each block
+// going to whichever rank asks first. The claimant reads every peer's copy
+// of the block straight from the peer's buffer (a kernel copy into a block
+// of its own, in L2), reduces them in rank order with its own copy in
+// place, and writes the result straight into every peer's buffer. A rank
+// returns once every block is finished. Over the ranks that is 2 times the
+// buffer's bytes through memory per rank (every copy read, every copy
+// written) instead of 5 - 2/n, one call instead of pieces of a slot, and
+// two waits instead of three per piece; and a rank the scheduler leaves
+// out (more ranks than cores) is not waited for, its share done by the
+// others. The sum is the same rank-order sum, so the bits are the slot
+// path's.
 // Allgather and alltoall are the same without the reduce stage: every rank
 // copies its piece (for alltoall: its piece of each destination's chunk) into
 // its slot, and once all have written, copies what is meant for it out of
@@ -46,6 +62,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "bagua/comm/communicator.h"
 #include "bagua/core/reduce_op.h"
@@ -64,6 +81,9 @@ struct SharedMemoryOptions {
   std::int64_t min_bytes = 1;
   // Bytes of one rank's slot (a piece); 0 picks a size from the world size.
   std::size_t slot_bytes = 0;
+  // Allreduces of at least this many bytes go direct (see above) where the
+  // kernel allows it and BAGUA_SHARED_MEMORY_DIRECT is not 0; 0: never.
+  std::int64_t direct_min_bytes = std::int64_t{64} << 10;
 };
 
 // A key equal on two ranks exactly when they can share a segment (same
@@ -98,12 +118,28 @@ class SharedMemoryGroup {
                 const std::atomic<bool>& aborted);
 
   std::size_t slot_bytes() const { return slot_bytes_; }
+  // Whether allreduces of `bytes` go direct (the same on every rank).
+  bool direct(std::size_t bytes) const {
+    return direct_min_bytes_ > 0 && static_cast<std::int64_t>(bytes) >= direct_min_bytes_;
+  }
 
  private:
   struct Control;
   class Waiter;
   SharedMemoryGroup(void* base, std::size_t bytes, int rank, int size, std::size_t slot_bytes,
-                    std::string group_name);
+                    std::int64_t direct_min_bytes, std::string group_name);
+  void direct_allreduce(const TensorView& buffer, ReduceOp op, Waiter& waiter);
+  // The next unclaimed block of the call whose blocks are numbered from
+  // `first`, relative to it; `blocks` when none is left.
+  std::uint64_t claim_block(std::uint64_t first, std::uint64_t blocks);
+  // The n elements at byte `at` of `mine` = op over ranks, in rank order, of
+  // their copies (this rank's is `mine` itself), also written into every
+  // peer's buffer; `scratch` holds size() blocks.
+  void reduce_block(DType dtype, std::byte* mine, std::size_t at, std::size_t n, ReduceOp op,
+                    std::byte* scratch);
+  // Moves `bytes` between `local` and byte `at` of rank `peer`'s buffer.
+  void read_peer(int peer, std::byte* local, std::size_t at, std::size_t bytes) const;
+  void write_peer(int peer, const std::byte* local, std::size_t at, std::size_t bytes) const;
   void reduce_piece(const TensorView& buffer, std::int64_t offset, std::int64_t count, ReduceOp op,
                     Waiter& waiter);
   // mine[0, n) = op over ranks, in rank order, of their copies of the
@@ -125,10 +161,13 @@ class SharedMemoryGroup {
   int rank_;
   int size_;
   std::size_t slot_bytes_;
+  std::int64_t direct_min_bytes_;  // 0: the kernel does not let ranks reach each other's memory
   std::string group_name_;
   Control* control_;
   std::byte* data_;
-  std::uint64_t pieces_done_ = 0;  // pieces run so far: equal on every rank
+  std::uint64_t pieces_done_ = 0;       // pieces run so far: equal on every rank
+  std::uint64_t blocks_done_ = 0;       // direct blocks so far: equal on every rank
+  std::vector<std::uint64_t> scratch_;  // the direct allreduce's blocks
 };
 
 }  // namespace bagua

@@ -14,6 +14,7 @@
 //   BAGUA_CHECK_COLLECTIVES       bool (2)      1                   check_collectives
 //   BAGUA_SHARED_MEMORY           bool (2)      1                   shared_memory
 //   BAGUA_SHARED_MEMORY_MIN_BYTES bytes >= 1    1                   shared_memory_min_bytes
+//   BAGUA_SHARED_MEMORY_DIRECT    bool (2)      1                   shared_memory_direct
 //   BAGUA_GLOO_HOSTNAME           string        (unset)             gloo_hostname
 //   BAGUA_TIMELINE                directory     (unset: off)        timeline
 //   BAGUA_AUTOTUNE                bool (2)      0                   autotune
@@ -64,6 +65,7 @@ struct EnvConfig {
   std::int64_t default_bucket_bytes = 10LL * 1024 * 1024;
   bool shared_memory = true;
   std::int64_t shared_memory_min_bytes = 1;
+  bool shared_memory_direct = true;
   // Read by the Python package; an empty string means unset.
   std::string backend = "gloo";
   bool check_collectives = true;
@@ -175,6 +177,7 @@ inline EnvConfig read_env() {
   c.shared_memory = env_bool("BAGUA_SHARED_MEMORY", c.shared_memory);
   c.shared_memory_min_bytes =
       env_positive_int("BAGUA_SHARED_MEMORY_MIN_BYTES", c.shared_memory_min_bytes);
+  c.shared_memory_direct = env_bool("BAGUA_SHARED_MEMORY_DIRECT", c.shared_memory_direct);
   c.backend = env_choice("BAGUA_BACKEND", c.backend, {"gloo", "nccl"});
   c.check_collectives = env_bool("BAGUA_CHECK_COLLECTIVES", c.check_collectives);
   c.gloo_hostname = env_string("BAGUA_GLOO_HOSTNAME", c.gloo_hostname);
