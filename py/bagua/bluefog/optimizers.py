@@ -25,14 +25,15 @@ update. The knobs ``self_weight``, ``src_weights``, ``dst_weights``,
 communication, so they can change every iteration (dynamic topologies).
 """
 
-import contextlib
 import warnings
 from enum import Enum
-from typing import Dict, List, Union
+from typing import List, Union
 
 import torch
 
-from bagua.bluefog import _collectives, _hierarchical, _ops, _state, _windows
+from bagua.bluefog import _collectives, _hierarchical, _ops, _state
+from bagua.bluefog._optimizer_base import _Distributed, _wrap
+from bagua.bluefog._window_optimizers import _PullGet, _PushSum, _WinPut
 
 __all__ = ["CommunicationType", "DistributedAdaptWithCombineOptimizer",
            "DistributedAdaptThenCombineOptimizer", "DistributedGradientAllreduceOptimizer",
@@ -47,121 +48,6 @@ class CommunicationType(Enum):
     hierarchical_neighbor_allreduce = "hierarchical.neighbor.allreduce"
     allreduce = "allreduce"
     empty = "empty"
-
-
-_TOO_MANY_PASSES = (
-    "Unexpected behavior: more than num_steps_per_communication={} forward computations "
-    "y = model(x) ran before an optimizer step() function was called; adjust "
-    "num_steps_per_communication to update the parameters locally in between.")
-
-
-def _modules(model) -> List[torch.nn.Module]:
-    models = list(model) if isinstance(model, (list, tuple)) else [model]
-    for m in models:
-        if not isinstance(m, torch.nn.Module):
-            raise ValueError(f"model must be a torch.nn.Module or a list of them, got "
-                             f"{type(m).__name__}")
-    return models
-
-
-def _parameter_names(optimizer, models) -> Dict[torch.nn.Parameter, str]:
-    """Each optimized parameter's name in the model(s) (unique, used as the
-    name of its communication)."""
-    names, seen = {}, set()
-    for i, m in enumerate(models):
-        for name, p in m.named_parameters():
-            full = f"{i}.{name}" if len(models) > 1 else name
-            if full in seen:
-                raise ValueError(f"parameter name {full} is not unique")
-            seen.add(full)
-            names[p] = full
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p not in names:
-                raise ValueError("the optimizer holds a parameter that is not in the model")
-    return names
-
-
-class _Distributed:
-    """The part every wrapped optimizer shares: construction over the
-    wrapped optimizer's groups, parameter names, and pass counting."""
-
-    _base = torch.optim.Optimizer  # the wrapped class, set per subclass
-
-    def __init__(self, optimizer, model, num_steps_per_communication: int):
-        try:
-            self._base.__init__(self, optimizer.param_groups, **optimizer.defaults)
-        except TypeError:  # an optimizer whose defaults are not all constructor arguments
-            self._base.__init__(self, optimizer.param_groups)
-        self.state.update(optimizer.state)
-        if isinstance(num_steps_per_communication, bool) or \
-                not isinstance(num_steps_per_communication, int) or num_steps_per_communication < 1:
-            raise ValueError(f"num_steps_per_communication must be a positive integer, got "
-                             f"{num_steps_per_communication!r}")
-        self._steps_per_communication = num_steps_per_communication
-        self._models = _modules(model)
-        self._names = _parameter_names(self, self._models)
-        # Training forward passes per model since the last communication; a
-        # pass of the whole (one call of each model) counts once.
-        self._model_passes = [0] * len(self._models)
-        self._passes = 0
-        self._handles = {}
-        self._hooks = [m.register_forward_pre_hook(self._counter(i))
-                       for i, m in enumerate(self._models)]
-
-    def _parameters(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    yield p
-
-    def _counter(self, index: int):
-        def before_forward(module, inputs):
-            if not (module.training and torch.is_grad_enabled()):
-                return
-            self._model_passes[index] += 1
-            if self._model_passes[index] <= self._passes:
-                return  # another model of a pass already counted
-            self._passes = self._model_passes[index]
-            if self._passes > self._steps_per_communication:
-                warnings.warn(_TOO_MANY_PASSES.format(self._steps_per_communication))
-            self._on_pass()
-        return before_forward
-
-    def _reset_passes(self):
-        self._passes = 0
-        self._model_passes = [0] * len(self._models)
-
-    def _on_pass(self):
-        """Called at each counted forward pass."""
-
-    def _communicating(self) -> bool:
-        return self._passes >= self._steps_per_communication
-
-    def synchronize(self):
-        """Waits for the communication in flight and writes its results."""
-        for p, handle in list(self._handles.items()):
-            self._apply(p, _ops.synchronize(handle))
-        self._handles.clear()
-
-    def _apply(self, p, result):
-        p.data.copy_(result)
-
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """Within it, step() does not synchronize (the caller already did)."""
-        self._skip_synchronize = True
-        try:
-            yield
-        finally:
-            self._skip_synchronize = False
-
-    _skip_synchronize = False
-
-    def unregister_hooks(self):
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
 
 
 class _Combine(_Distributed):
@@ -313,137 +199,6 @@ class _GradientAllreduce(_Distributed):
             self._reset_passes()
             self._sent, self._synchronized = set(), False
         return self._base.step(self, closure)
-
-
-class _WindowOptimizer(_Distributed):
-    """What the window optimizers share: one window per parameter in
-    ``self._windows``; ``step()`` (after a barrier with ``force_barrier``)
-    waits for the window ops in flight and applies them, then updates
-    locally."""
-
-    def step(self, closure=None):
-        if self.force_barrier:
-            _collectives.barrier()
-        communicating = self._communicating()
-        if not self._skip_synchronize:
-            self.synchronize()
-        if communicating:
-            self._reset_passes()
-        return self._base.step(self, closure)
-
-    def unregister_window(self):
-        """Frees the optimizer's windows (collective)."""
-        self.synchronize()
-        for name in self._windows.values():
-            if name in _windows.get_current_created_window_names():
-                _windows.win_free(name)
-        self._windows.clear()
-
-
-class _WinPut(_WindowOptimizer):
-    """Asynchronous: one window per parameter; the forward pass that
-    completes a communication puts the parameter to the out-neighbours
-    (``dst_weights``, default all with weight 1), and ``step()`` waits for
-    the puts and sets the parameter to the average of itself and the latest
-    values its in-neighbours put (``win_update``), then updates locally.
-    With ``_pull`` (pull-get) the forward pass gets the in-neighbours'
-    parameters instead (``src_weights``, their mutexes held)."""
-
-    _pull = False
-
-    def __init__(self, optimizer, model, num_steps_per_communication, window_prefix):
-        super().__init__(optimizer, model, num_steps_per_communication)
-        self.dst_weights = None
-        self.src_weights = None
-        self.force_barrier = False
-        self._prefix = f"{window_prefix}." if window_prefix is not None else ""
-        self._windows: Dict[torch.nn.Parameter, str] = {}
-        if _state.size() > 1:
-            for p in self._parameters():
-                name = self._prefix + self._names[p]
-                if not _windows.win_create(p.data, name):
-                    raise ValueError(f"DistributedWinPutOptimizer: window {name!r} exists already; "
-                                     "pass another window_prefix")
-                self._windows[p] = name
-
-    def _on_pass(self):
-        if self._passes != self._steps_per_communication:
-            return
-        for p, name in self._windows.items():
-            if self._pull:
-                self._handles[p] = _windows.win_get_nonblocking(
-                    name, src_weights=self.src_weights, require_mutex=True)
-            else:
-                self._handles[p] = _windows.win_put_nonblocking(p.data, name,
-                                                                dst_weights=self.dst_weights)
-
-    def synchronize(self):
-        with torch.no_grad():
-            for p, handle in list(self._handles.items()):
-                _windows.win_wait(handle)
-                _windows.win_update(self._windows[p], require_mutex=True)  # into p itself
-        self._handles.clear()
-
-
-
-class _PullGet(_WinPut):
-    _pull = True
-
-
-class _PushSum(_WindowOptimizer):
-    """Push-sum (gradient push): per parameter a window holding the
-    numerator z = x * w and the push-sum weight w as its last element (zero
-    buffers). The forward pass that completes a communication accumulates
-    (z, w) / (d + 1) into each out-neighbour and keeps its own share
-    (``self_weight``, ``dst_weights`` knobs, mutex held); ``step()`` collects
-    what arrived and sets the parameter to z / w, then updates locally. The
-    sum of (z, w) over ranks is conserved, so x = z / w reaches the average
-    even on a directed graph."""
-
-    def __init__(self, optimizer, model, num_steps_per_communication):
-        super().__init__(optimizer, model, num_steps_per_communication)
-        outs = _state.out_neighbor_ranks()
-        self.self_weight = 1.0 / (len(outs) + 1)
-        self.dst_weights = {r: 1.0 / (len(outs) + 1) for r in outs}
-        self.force_barrier = True
-        self._windows: Dict[torch.nn.Parameter, str] = {}
-        self._extended: Dict[torch.nn.Parameter, torch.Tensor] = {}
-        if _state.size() > 1:
-            for p in self._parameters():
-                name = "push_sum." + self._names[p]
-                ext = torch.cat([p.data.reshape(-1), torch.ones(1, dtype=p.dtype)]).contiguous()
-                if not _windows.win_create(ext, name, zero_init=True):
-                    raise ValueError(f"DistributedPushSumOptimizer: window {name!r} exists already")
-                self._windows[p], self._extended[p] = name, ext
-
-    def _on_pass(self):
-        if self._passes != self._steps_per_communication:
-            return
-        with torch.no_grad():
-            for p, name in self._windows.items():
-                ext = self._extended[p]
-                ext[:-1].copy_(p.data.reshape(-1) * ext[-1])  # z = x * w after the local steps
-                self._handles[p] = _windows.win_accumulate_nonblocking(
-                    ext, name, self_weight=self.self_weight, dst_weights=self.dst_weights,
-                    require_mutex=True)
-
-    def synchronize(self):
-        with torch.no_grad():
-            for p, handle in list(self._handles.items()):
-                _windows.win_wait(handle)
-                ext = _windows.win_update_then_collect(self._windows[p])
-                p.data.copy_((ext[:-1] / ext[-1]).reshape(p.shape))
-        self._handles.clear()
-
-
-
-def _wrap(mixin, optimizer, *args):
-    """An instance of a subclass of both ``mixin`` and the optimizer's class."""
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"expected a torch optimizer, got {type(optimizer).__name__}")
-    base = type(optimizer)
-    cls = type(base.__name__, (mixin, base), {"_base": base})
-    return cls(optimizer, *args)
 
 
 def DistributedAdaptWithCombineOptimizer(
