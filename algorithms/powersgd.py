@@ -210,6 +210,8 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
 
 
 class PowerSGDAlgorithm(Algorithm):
+    impl_class = PowerSGDAlgorithmImpl
+
     def __init__(self, rank: int = 1, start_iter: int = 10, min_compression_rate: float = 2.0,
                  error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0.0,
                  seed: int = 0, low_precision: bool = False, one_bucket: bool = False):
@@ -248,17 +250,7 @@ class PowerSGDAlgorithm(Algorithm):
         if not isinstance(orthogonalization_epsilon, (int, float)) or orthogonalization_epsilon < 0:
             raise InvalidArgumentError(
                 f"PowerSGDAlgorithm: orthogonalization_epsilon must be >= 0, got {orthogonalization_epsilon!r}")
-        self.rank = rank
-        self.start_iter = start_iter
-        self.min_compression_rate = float(min_compression_rate)
-        self.error_feedback = error_feedback
-        self.warm_start = warm_start
-        self.orthogonalization_epsilon = float(orthogonalization_epsilon)
-        self.seed = seed
-        self.low_precision = low_precision
-        self.one_bucket = one_bucket
-
-    def reify(self, process_group) -> PowerSGDAlgorithmImpl:
-        return PowerSGDAlgorithmImpl(process_group, self.rank, self.start_iter, self.min_compression_rate,
-                                     self.error_feedback, self.warm_start, self.orthogonalization_epsilon,
-                                     self.seed, self.low_precision, self.one_bucket)
+        self.keep_settings(rank=rank, start_iter=start_iter, min_compression_rate=float(min_compression_rate),
+                           error_feedback=error_feedback, warm_start=warm_start,
+                           orthogonalization_epsilon=float(orthogonalization_epsilon), seed=seed,
+                           low_precision=low_precision, one_bucket=one_bucket)
