@@ -1,5 +1,7 @@
 """One allreduce, by transport: PyTorch's Gloo, bagua over loopback TCP
-(Gloo's ring, as before shared memory) and bagua through shared memory.
+(Gloo's ring, as before shared memory), bagua through shared memory
+(direct between the ranks' buffers from 64 KiB on) and bagua through the
+shared-memory segment's slots (BAGUA_SHARED_MEMORY_DIRECT=0).
 
 Same processes, same buffers, interleaved call by call with a barrier before
 each; a call's time is the maximum over ranks; the table gives the median
@@ -20,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import launch, machine, quantiles  # noqa: E402
 
-KINDS = ("torch_gloo", "bagua_tcp", "bagua_shared_memory")
+KINDS = ("torch_gloo", "bagua_tcp", "bagua_shared_memory", "bagua_shared_memory_slots")
 
 
 def worker(args):
@@ -29,15 +31,17 @@ def worker(args):
 
     import bagua.torch_api as bagua
     from bagua.torch_api.communication import allreduce_inplace
-    from step_time import tcp_only_group
+    from step_time import group_with
 
     torch.set_num_threads(1)
     bagua.init_process_group()
-    tcp = tcp_only_group()
+    tcp = group_with("BAGUA_SHARED_MEMORY")
+    slots = group_with("BAGUA_SHARED_MEMORY_DIRECT")
     calls = {
         "torch_gloo": lambda t: dist.all_reduce(t),
         "bagua_tcp": lambda t: allreduce_inplace(t, comm=tcp),
         "bagua_shared_memory": lambda t: allreduce_inplace(t),
+        "bagua_shared_memory_slots": lambda t: allreduce_inplace(t, comm=slots),
     }
     results = {}
     for nbytes in (int(s) for s in args.sizes.split(",")):

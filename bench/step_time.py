@@ -106,8 +106,10 @@ def group_with(variable):
         group = bagua.new_group(list(range(bagua.get_world_size())))
         # made now, while the variable says so; its first collective sets up
         # the shared-memory group, which reads the variables then
-        view = tensor_view(torch.zeros(1), "probe")
-        group.get_bucket_communicator().allreduce(view, view, "sum")
+        probe = torch.zeros(1)  # alive while the view of it is used
+        view = tensor_view(probe, "probe")
+        for comm in (group.get_global_communicator(), group.get_bucket_communicator()):
+            comm.allreduce(view, view, "sum")
     finally:
         del os.environ[variable]
         core._testing.reload_env()

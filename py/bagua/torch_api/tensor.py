@@ -212,6 +212,10 @@ class BaguaTensor(metaclass=_BaguaTensorType):
             self.bagua_setter_closure(registered)
 
     def _bagua_mark_ready(self, synchronize: bool) -> None:
+        # Called once per gradient per step: the common case (the effective
+        # tensor is the registered view, e.g. a gradient autograd accumulated
+        # into its bucket) is one identity check, without the closures'
+        # round trips of _bagua_sync_registered.
         runtime = _runtime(self)
         if runtime.backend is None:
             runtime.backend = _named_backend(self)
@@ -219,8 +223,11 @@ class BaguaTensor(metaclass=_BaguaTensorType):
             raise RuntimeError(
                 f"tensor '{_name(self)}' is not registered with a backend (is the module wrapped "
                 "with with_bagua?)")
-        self._bagua_sync_registered()
-        registered = self.bagua_registered_tensor()
+        registered = runtime.registered
+        getter = runtime.getter
+        if registered is None or (getter(self) if getter is not None else self) is not registered:
+            self._bagua_sync_registered()
+            registered = self.bagua_registered_tensor()
         if registered.is_cuda and synchronize:
             # The runtime records an event on the producing stream and the
             # communication stream waits on it (on the device): nobody here
