@@ -1,5 +1,7 @@
-// Shared-memory allreduce: the segment, the waits, the three-stage protocol
-// (see include/bagua/comm/shared_memory.h).
+// Shared-memory collectives: the segment, the three-stage protocol through
+// slots, allgather / broadcast / alltoall (see include/bagua/comm/
+// shared_memory.h). The control block and its waits are in
+// shared_memory_control.h, the direct allreduce in shared_memory_direct.cc.
 #include "bagua/comm/shared_memory.h"
 
 #include <fcntl.h>
@@ -29,29 +31,18 @@
 #include "bagua/core/errors.h"
 #include "bagua/core/logging.h"
 #include "bagua/runtime/timeline.h"
+#include "comm/shared_memory_control.h"
 
 namespace bagua {
+
+using namespace shm;
+
 namespace {
 
-constexpr std::size_t kLine = 64;  // one cache line per rank's counters
-constexpr std::size_t kPage = 4096;
 constexpr std::size_t kNameBytes = 128;
 constexpr std::size_t kKeyBytes = 256;
 constexpr std::size_t kSegmentBudget = 64ULL << 20;  // all slots and results of one group
-constexpr std::chrono::milliseconds kSlice{100};     // how often a waiter checks its peers
 constexpr std::size_t kReduceBlockBytes = std::size_t{16} << 10;  // a block of the reduction, in L1
-// A block of the direct reduction: each peer's copy of it is read into one
-// of these, so size() of them stay in L2 while the block is reduced.
-constexpr std::size_t kDirectBlockBytes = std::size_t{64} << 10;
-
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
-
-std::string read_first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
 
 std::string namespace_id(const char* kind) {
   std::array<char, 128> target{};
@@ -66,12 +57,6 @@ std::size_t default_slot_bytes(int size) {
   const std::size_t share = kSegmentBudget / (2 * (static_cast<std::size_t>(size) + 1));
   return std::clamp<std::size_t>(share / kPage * kPage, std::size_t{256} << 10,
                                  std::size_t{4} << 20);
-}
-
-long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
-  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
-  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr,
-                   0);
 }
 
 // A mapping of the named segment; rank 0 creates (and later unlinks) it.
@@ -102,26 +87,6 @@ Mapping map_segment(const std::string& name, std::size_t bytes, bool create) {
   return m;
 }
 
-// Lets a waiting core breathe without giving it up.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-// Whether process `pid` has ended: gone, or a zombie its parent has not
-// reaped yet (a killed rank stays one until its launcher waits for it).
-bool process_exited(int pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  const std::string stat = read_first_line(fmt::format("/proc/{}/stat", pid).c_str());
-  const auto paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return stat.empty();
-  const char state = stat[paren + 2];
-  return state == 'Z' || state == 'X';
-}
-
 std::string unique_segment_name() {
   static std::atomic<unsigned> counter{0};
   std::random_device random;
@@ -138,182 +103,6 @@ std::string shared_memory_host_key() {
   if (boot.empty() || net.empty() || mnt.empty() || pid.empty()) return {};
   return fmt::format("{}|{}|{}|{}|{}", host.data(), boot, net, mnt, pid);
 }
-
-// -- the segment's control block ---------------------------------------------
-
-enum class Stage { kWritten, kReduced, kConsumed };
-
-struct alignas(kLine) RankState {
-  std::atomic<std::uint64_t> written{0};
-  std::atomic<std::uint64_t> reduced{0};
-  std::atomic<std::uint64_t> consumed{0};
-  std::atomic<std::int32_t> pid{0};
-  // The buffer of this rank's direct allreduce in flight (valid once
-  // written = that call).
-  std::atomic<std::uint64_t> address{0};
-
-  std::atomic<std::uint64_t>& at(Stage stage) {
-    return stage == Stage::kWritten ? written : stage == Stage::kReduced ? reduced : consumed;
-  }
-};
-
-// Header lines (the futex word and its waiter count; the direct allreduce's
-// block counters), then one line per rank.
-struct SharedMemoryGroup::Control {
-  alignas(kLine) std::atomic<std::uint32_t> epoch{0};
-  std::atomic<std::uint32_t> waiters{0};
-  // Blocks of direct allreduces claimed and finished so far, over all calls
-  // (each call's blocks are numbered on from the previous call's).
-  alignas(kLine) std::atomic<std::uint64_t> claimed{0};
-  std::atomic<std::uint64_t> finished{0};
-
-  RankState& rank(int r) {
-    return *reinterpret_cast<RankState*>(reinterpret_cast<std::byte*>(this) + sizeof(Control) +
-                                         static_cast<std::size_t>(r) * sizeof(RankState));
-  }
-  static std::size_t bytes(int size) {
-    return round_up(sizeof(Control) + static_cast<std::size_t>(size) * sizeof(RankState), kPage);
-  }
-
-  // Wakes whoever waits, after a counter changed.
-  void wake() {
-    epoch.fetch_add(1, std::memory_order_seq_cst);
-    if (waiters.load(std::memory_order_seq_cst) > 0) futex(&epoch, FUTEX_WAKE, INT_MAX, nullptr);
-  }
-
-  // Makes this rank's `stage` counter `value` and wakes whoever waits.
-  void publish(int r, Stage stage, std::uint64_t value) {
-    rank(r).at(stage).store(value, std::memory_order_release);
-    wake();
-  }
-};
-
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free &&
-                  std::atomic<std::uint32_t>::is_always_lock_free,
-              "counters in shared memory must be lock-free atomics");
-
-// Waits of one allreduce call: until every rank's counter of a stage reached
-// a value, bounded by the timeout, watching for an abort and dead peers.
-class SharedMemoryGroup::Waiter {
- public:
-  Waiter(SharedMemoryGroup& owner, const char* op, const TensorView& buffer,
-         std::chrono::milliseconds timeout, const std::atomic<bool>& aborted)
-      : owner_(owner),
-        op_(op),
-        buffer_(buffer),
-        timeout_(timeout),
-        aborted_(aborted),
-        spin_(static_cast<unsigned>(owner.size_) <= std::thread::hardware_concurrency()) {}
-
-  void wait_all(Stage stage, std::uint64_t target) {
-    wait_until([&] { return all_reached(stage, target); },
-               [&](auto deadline) { check_progress(stage, target, deadline); });
-  }
-
-  // Until `target` direct blocks are finished (by whichever ranks).
-  void wait_blocks(std::uint64_t target) {
-    std::atomic<std::uint64_t>& finished = owner_.control_->finished;
-    wait_until([&] { return finished.load(std::memory_order_acquire) >= target; },
-               [&](auto deadline) { check_blocks(finished.load(), target, deadline); });
-  }
-
- private:
-  template <typename Done, typename Check>
-  void wait_until(Done&& done, Check&& check) {
-    Control& c = *owner_.control_;
-    if (spin_) {  // peers on cores of their own usually arrive within microseconds
-      for (int i = 0; i < 256; ++i) {
-        if (done()) return;
-        cpu_relax();
-      }
-    }
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (true) {
-      const std::uint32_t seen = c.epoch.load(std::memory_order_seq_cst);
-      if (done()) return;
-      check(deadline);
-      const auto left =
-          std::min<std::chrono::nanoseconds>(kSlice, deadline - std::chrono::steady_clock::now());
-      const timespec slice{0, std::max<long>(1000, static_cast<long>(left.count()))};
-      c.waiters.fetch_add(1, std::memory_order_seq_cst);
-      futex(&c.epoch, FUTEX_WAIT, seen, &slice);
-      c.waiters.fetch_sub(1, std::memory_order_seq_cst);
-    }
-  }
-
-  // As check_progress, for blocks some rank claimed but has not finished.
-  void check_blocks(std::uint64_t finished, std::uint64_t target,
-                    std::chrono::steady_clock::time_point deadline) const {
-    const auto where = [&] {
-      return fmt::format(
-          "direct allreduce of {} on rank {} of {} (group '{}'): {} blocks unfinished",
-          buffer_.describe(), owner_.rank_, owner_.size_, owner_.group_name_,
-          target - std::min(finished, target));
-    };
-    if (aborted_.load()) throw BackendError(where() + ": the communicator was aborted");
-    for (int r = 0; r < owner_.size_; ++r) {
-      const int pid = owner_.control_->rank(r).pid.load();
-      if (r != owner_.rank_ && pid > 0 && process_exited(pid)) {
-        throw BackendError(fmt::format("{}: rank {} (pid {}) has exited", where(), r, pid));
-      }
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw TimeoutError(fmt::format("{}: timed out after {} ms", where(), timeout_.count()));
-    }
-  }
-
-  bool all_reached(Stage stage, std::uint64_t target) const {
-    for (int r = 0; r < owner_.size_; ++r) {
-      if (owner_.control_->rank(r).at(stage).load(std::memory_order_acquire) < target) return false;
-    }
-    return true;
-  }
-
-  std::vector<int> missing(Stage stage, std::uint64_t target) const {
-    std::vector<int> ranks;
-    for (int r = 0; r < owner_.size_; ++r) {
-      if (owner_.control_->rank(r).at(stage).load(std::memory_order_acquire) < target) {
-        ranks.push_back(r);
-      }
-    }
-    return ranks;
-  }
-
-  // Throws when the wait cannot succeed: aborted, a missing peer's process
-  // has exited, or the deadline passed.
-  void check_progress(Stage stage, std::uint64_t target,
-                      std::chrono::steady_clock::time_point deadline) const {
-    if (aborted_.load())
-      throw BackendError(where(stage, target) + ": the communicator was aborted");
-    for (const int r : missing(stage, target)) {
-      const int pid = owner_.control_->rank(r).pid.load();
-      if (pid > 0 && process_exited(pid)) {
-        throw BackendError(
-            fmt::format("{}: rank {} (pid {}) has exited", where(stage, target), r, pid));
-      }
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw TimeoutError(fmt::format("{}: timed out after {} ms waiting for ranks {}",
-                                     where(stage, target), timeout_.count(),
-                                     fmt::join(missing(stage, target), ", ")));
-    }
-  }
-
-  std::string where(Stage stage, std::uint64_t target) const {
-    static constexpr const char* kStage[] = {"copy in", "reduce", "copy out"};
-    return fmt::format(
-        "allreduce of {} on rank {} of {} (shared memory, group '{}', {} of piece {})",
-        buffer_.describe(), owner_.rank_, owner_.size_, owner_.group_name_,
-        kStage[static_cast<int>(stage)], target);
-  }
-
-  SharedMemoryGroup& owner_;
-  const char* op_;
-  TensorView buffer_;
-  std::chrono::milliseconds timeout_;
-  const std::atomic<bool>& aborted_;
-  bool spin_;
-};
 
 // -- setting up ------------------------------------------------------------------
 
@@ -548,134 +337,6 @@ void SharedMemoryGroup::reduce_segment(DType dtype, std::byte* mine, std::uint64
       std::memcpy(result(piece) + at + first * sizeof(T), out, count * sizeof(T));  // for the peers
     }
   });
-}
-
-void SharedMemoryGroup::direct_allreduce(const TensorView& buffer, ReduceOp op, Waiter& waiter) {
-  // One piece number, no slot: later slot pieces find the sets free as before.
-  const std::uint64_t call = ++pieces_done_;
-  control_->rank(rank_).address.store(reinterpret_cast<std::uintptr_t>(buffer.bytes()),
-                                      std::memory_order_relaxed);
-  control_->publish(rank_, Stage::kWritten, call);  // releases the address with it
-  {
-    const TimelinePhase phase("shm.wait_written");
-    waiter.wait_all(Stage::kWritten, call);
-  }
-  const std::size_t element = dtype_size(buffer.dtype);
-  const std::size_t per_block = kDirectBlockBytes / element;
-  const std::uint64_t first = blocks_done_,
-                      blocks = (static_cast<std::size_t>(buffer.numel) + per_block - 1) / per_block;
-  blocks_done_ += blocks;
-  {
-    // Blocks go to whichever rank is running: on a machine with fewer cores
-    // than ranks, the ranks the scheduler left out are not waited for.
-    const TimelinePhase phase("shm.direct_reduce");
-    scratch_.resize(static_cast<std::size_t>(size_) * kDirectBlockBytes / 8);  // once
-    for (std::uint64_t block = claim_block(first, blocks); block < blocks;
-         block = claim_block(first, blocks)) {
-      const std::size_t begin = block * per_block;
-      const std::size_t count = std::min(per_block, static_cast<std::size_t>(buffer.numel) - begin);
-      reduce_block(buffer.dtype, buffer.bytes(), begin * element, count, op,
-                   reinterpret_cast<std::byte*>(scratch_.data()));
-      if (control_->finished.fetch_add(1, std::memory_order_acq_rel) + 1 == first + blocks) {
-        control_->wake();
-      }
-    }
-  }
-  {
-    // Peers write into this buffer until the last block is finished.
-    const TimelinePhase phase("shm.wait_reduced");
-    waiter.wait_blocks(first + blocks);
-  }
-  control_->rank(rank_).reduced.store(call, std::memory_order_release);
-  control_->publish(rank_, Stage::kConsumed, call);
-}
-
-std::uint64_t SharedMemoryGroup::claim_block(std::uint64_t first, std::uint64_t blocks) {
-  std::uint64_t claimed = control_->claimed.load(std::memory_order_relaxed);
-  do {
-    if (claimed >= first + blocks) return blocks;
-  } while (
-      !control_->claimed.compare_exchange_weak(claimed, claimed + 1, std::memory_order_acq_rel));
-  return claimed - first;
-}
-
-void SharedMemoryGroup::reduce_block(DType dtype, std::byte* mine, std::size_t at, std::size_t n,
-                                     ReduceOp op, std::byte* scratch) {
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr std::size_t kBlock = kDirectBlockBytes / sizeof(T);
-    const std::size_t bytes = n * sizeof(T);
-    // Each peer's copy goes into its scratch block; at this rank's index the
-    // partial sums (its own copy must be read at its place in the order).
-    const auto block_of = [&](int r) {
-      return reinterpret_cast<T*>(scratch) + static_cast<std::size_t>(r) * kBlock;
-    };
-    T* const out = reinterpret_cast<T*>(mine + at);
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_) read_peer(r, reinterpret_cast<std::byte*>(block_of(r)), at, bytes);
-    }
-    const auto copy_of = [&](int r) -> const T* { return r == rank_ ? out : block_of(r); };
-    T* const partial = rank_ <= 1 ? out : block_of(rank_);
-    for (int r = 1; r < size_; ++r) {  // as reduce_segment: the same bits
-      const bool last = r == size_ - 1;
-      T* const into = last ? out : partial;
-      const T* const sum = r == 1 ? copy_of(0) : partial;
-      if (op == ReduceOp::kAvg && last) {
-        sum_then_divide<T>(into, sum, copy_of(r), n, size_);
-      } else {
-        reduce_elements<T>(op, into, sum, copy_of(r), n);
-      }
-    }
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_) write_peer(r, reinterpret_cast<const std::byte*>(out), at, bytes);
-    }
-  });
-}
-
-namespace {
-
-// process_vm_readv or _writev of all `bytes`, or a BackendError naming the peer.
-template <typename Call>
-void move_bytes(Call&& call, const char* what, int peer, int pid, std::size_t bytes) {
-  std::size_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = call(done);
-    if (n <= 0) {
-      throw BackendError(fmt::format("direct allreduce: {} of rank {} (pid {}): {}", what, peer,
-                                     pid, n < 0 ? std::strerror(errno) : "no progress"));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
-
-}  // namespace
-
-void SharedMemoryGroup::read_peer(int peer, std::byte* local, std::size_t at,
-                                  std::size_t bytes) const {
-  const RankState& state = control_->rank(peer);
-  const int pid = state.pid.load(std::memory_order_relaxed);
-  const std::uintptr_t base = state.address.load(std::memory_order_relaxed) + at;
-  move_bytes(
-      [&](std::size_t done) {
-        const iovec to{local + done, bytes - done};
-        const iovec from{reinterpret_cast<void*>(base + done), bytes - done};
-        return ::process_vm_readv(pid, &to, 1, &from, 1, 0);
-      },
-      "reading the buffer", peer, pid, bytes);
-}
-
-void SharedMemoryGroup::write_peer(int peer, const std::byte* local, std::size_t at,
-                                   std::size_t bytes) const {
-  const RankState& state = control_->rank(peer);
-  const int pid = state.pid.load(std::memory_order_relaxed);
-  const std::uintptr_t base = state.address.load(std::memory_order_relaxed) + at;
-  move_bytes(
-      [&](std::size_t done) {
-        const iovec from{const_cast<std::byte*>(local) + done, bytes - done};
-        const iovec to{reinterpret_cast<void*>(base + done), bytes - done};
-        return ::process_vm_writev(pid, &from, 1, &to, 1, 0);
-      },
-      "writing the buffer", peer, pid, bytes);
 }
 
 template <typename Fill, typename Drain>
