@@ -79,6 +79,15 @@ class GroupGeneratorEngine:
       one head per node is grouped across nodes and the others within their
       node, then every node is one group (two groups per rank per division).
 
+    Bounded isolation (with ``slowdown_threshold``): a rank that the fastest
+    rank's divisions leave out (``slowdown_threshold`` or more requests
+    behind) and that would be alone in the group its own division gives it,
+    for the ``company_every``-th time in a row, gets one companion: a busy
+    rank (executing, or holding a group) with room in its buffer, of another
+    node with ``inter_intra``. The companion runs that group at its next
+    request, where the slow rank already waits. With ``inter_intra`` such a
+    rank heads its node and takes no intra-phase group.
+
     Group ids increase by one in creation (smart) or grant (random) order and
     every rank receives its groups in increasing id. The same arguments and the
     same sequence of calls give the same groups.
@@ -92,6 +101,9 @@ class GroupGeneratorEngine:
             ``None``: one node.
         inter_intra: inter-intra divisions (bool), smart only.
         seed: the random seed (int >= 0).
+        company_every: K (int >= 0): a rank behind is alone in at most
+            ``K - 1`` groups in a row when a busy rank has room; ``0``: never
+            given company (the paper's rule).
     """
 
     #: Returned by :meth:`request` and :meth:`poll` to a rank that has left and
@@ -107,6 +119,7 @@ class GroupGeneratorEngine:
         local_size: Optional[int] = None,
         inter_intra: bool = False,
         seed: int = 0,
+        company_every: int = 1,
     ):
         world_size = _int("world_size", world_size, 1)
         group_size = _int("group_size", group_size, 2)
@@ -128,6 +141,7 @@ class GroupGeneratorEngine:
         seed = _int("seed", seed, 0)
         if seed >= 2**64:
             raise ValueError(f"seed must be < 2**64, got {seed}")
+        company_every = _int("company_every", company_every, 0)
         self._engine = core.GroupGeneratorEngine(
             world_size,
             group_size=group_size,
@@ -136,6 +150,7 @@ class GroupGeneratorEngine:
             local_size=local_size,
             inter_intra=inter_intra,
             seed=seed,
+            company_every=company_every,
         )
         self._world_size = world_size
 
@@ -200,7 +215,8 @@ class GroupGeneratorEngine:
 
     def stats(self) -> Dict[str, Union[int, float]]:
         """``requests``, ``groups`` (created or granted), ``solo`` (groups of one),
-        ``mean_group_size``, ``max_buffer_len``, ``divisions`` (smart)."""
+        ``mean_group_size``, ``max_buffer_len``, ``divisions`` (smart),
+        ``company`` (companions given to ranks behind)."""
         return self._engine.stats()
 
     def waiting(self) -> List[int]:

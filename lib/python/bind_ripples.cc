@@ -50,7 +50,8 @@ py::object to_python(const GroupReply& reply) {
 py::dict to_dict(const GroupGeneratorStats& s) {
   return py::dict(py::arg("requests") = s.requests, py::arg("groups") = s.groups,
                   py::arg("solo") = s.solo, py::arg("mean_group_size") = s.mean_group_size,
-                  py::arg("max_buffer_len") = s.max_buffer_len, py::arg("divisions") = s.divisions);
+                  py::arg("max_buffer_len") = s.max_buffer_len, py::arg("divisions") = s.divisions,
+                  py::arg("company") = s.company);
 }
 
 GroupGeneratorOptions service_options(int world_size, int group_size, const std::string& mode,
@@ -152,20 +153,22 @@ void bind_ripples(py::module_& m) {
   py::class_<E> engine(m, "GroupGeneratorEngine",
                        "Ripples' group generator as a pure state machine (no network).");
   engine
-      .def(py::init([](int world_size, int group_size, const std::string& mode,
-                       std::optional<std::int64_t> slowdown_threshold,
-                       std::optional<int> local_size, bool inter_intra, std::uint64_t seed) {
-             return E(GroupGeneratorOptions{.world_size = world_size,
-                                            .group_size = group_size,
-                                            .mode = parse_group_generation_mode(mode),
-                                            .slowdown_threshold = slowdown_threshold,
-                                            .local_size = local_size,
-                                            .inter_intra = inter_intra,
-                                            .seed = seed});
-           }),
-           py::arg("world_size"), py::arg("group_size") = 3, py::arg("mode") = "smart",
-           py::arg("slowdown_threshold") = std::nullopt, py::arg("local_size") = std::nullopt,
-           py::arg("inter_intra") = false, py::arg("seed") = 0)
+      .def(
+          py::init([](int world_size, int group_size, const std::string& mode,
+                      std::optional<std::int64_t> slowdown_threshold, std::optional<int> local_size,
+                      bool inter_intra, std::uint64_t seed, int company_every) {
+            return E(GroupGeneratorOptions{.world_size = world_size,
+                                           .group_size = group_size,
+                                           .mode = parse_group_generation_mode(mode),
+                                           .slowdown_threshold = slowdown_threshold,
+                                           .local_size = local_size,
+                                           .inter_intra = inter_intra,
+                                           .company_every = company_every,
+                                           .seed = seed});
+          }),
+          py::arg("world_size"), py::arg("group_size") = 3, py::arg("mode") = "smart",
+          py::arg("slowdown_threshold") = std::nullopt, py::arg("local_size") = std::nullopt,
+          py::arg("inter_intra") = false, py::arg("seed") = 0, py::arg("company_every") = 1)
       .def(
           "request", [](E& e, int rank) { return to_python(e.request(rank)); }, py::arg("rank"))
       .def(

@@ -33,6 +33,8 @@ void validate(const GroupGeneratorOptions& o) {
     BAGUA_CHECK_ARG(*o.local_size >= 1, "group generator: local_size must be >= 1, got {}",
                     *o.local_size);
   }
+  BAGUA_CHECK_ARG(o.company_every >= 0, "group generator: company_every must be >= 0, got {}",
+                  o.company_every);
   BAGUA_CHECK_ARG(!o.inter_intra || o.mode == GroupGenerationMode::kSmart,
                   "group generator: inter_intra = true needs mode 'smart', got mode '{}'",
                   to_string(o.mode));
@@ -50,6 +52,7 @@ GroupGeneratorEngine::GroupGeneratorEngine(GroupGeneratorOptions options)
   left_.assign(n, false);
   lingering_.assign(n, false);
   waiting_.assign(n, false);
+  alone_.assign(n, 0);
 }
 
 void GroupGeneratorEngine::check_rank(int rank, std::string_view what) const {
@@ -113,6 +116,8 @@ GroupReply GroupGeneratorEngine::pop(int rank) {
   executing_[static_cast<std::size_t>(rank)] = id;
   const auto it = groups_.find(id);
   BAGUA_CHECK_INTERNAL(it != groups_.end(), "group {} queued for rank {} is unknown", id, rank);
+  auto& alone = alone_[static_cast<std::size_t>(rank)];
+  alone = it->second.group.ranks.size() == 1 ? alone + 1 : 0;
   return {.kind = ReplyKind::kGroup, .group = it->second.group};
 }
 
@@ -261,8 +266,7 @@ std::vector<std::vector<int>> GroupGeneratorEngine::partition(std::vector<int> r
   return out;
 }
 
-void GroupGeneratorEngine::divide(int rank) {
-  ++stats_.divisions;
+std::vector<int> GroupGeneratorEngine::division_set(int rank) const {
   const std::int64_t c_i = counters_[static_cast<std::size_t>(rank)];
   std::vector<int> idle;
   for (int w = 0; w < options_.world_size; ++w) {
@@ -276,10 +280,25 @@ void GroupGeneratorEngine::divide(int rank) {
     }
     idle.push_back(w);
   }
-  if (!options_.inter_intra) {
-    for (auto& g : partition(std::move(idle))) create(std::move(g));
+  return idle;
+}
+
+void GroupGeneratorEngine::divide(int rank) {
+  ++stats_.divisions;
+  const bool lagging = options_.company_every >= 1 && behind(rank);
+  std::vector<int> idle = division_set(rank);
+  if (options_.inter_intra) {
+    divide_by_node(idle, rank, lagging);
     return;
   }
+  auto groups = partition(std::move(idle));
+  for (auto& g : groups) {
+    if (wants_company(rank, lagging, g)) add_company(rank, g, false);
+  }
+  for (auto& g : groups) create(std::move(g));
+}
+
+void GroupGeneratorEngine::divide_by_node(const std::vector<int>& idle, int rank, bool lagging) {
   // Idle ranks by node, in node order (idle is ascending, nodes are consecutive).
   std::vector<std::vector<int>> by_node;
   int last_node = -1;
@@ -292,16 +311,73 @@ void GroupGeneratorEngine::divide(int rank) {
   std::vector<int> heads;
   std::vector<std::vector<int>> others;
   for (const auto& members : by_node) {
-    const std::size_t h = static_cast<std::size_t>(uniform(members.size()));
+    // A behind initiator heads its node: its one group mixes across nodes.
+    const auto self = std::find(members.begin(), members.end(), rank);
+    const std::size_t h = lagging && self != members.end()
+                              ? static_cast<std::size_t>(self - members.begin())
+                              : static_cast<std::size_t>(uniform(members.size()));
     heads.push_back(members[h]);
     others.emplace_back(members);
     others.back().erase(others.back().begin() + static_cast<std::ptrdiff_t>(h));
   }
-  for (auto& g : partition(std::move(heads))) create(std::move(g));
+  std::vector<std::vector<int>> inter = partition(std::move(heads));
   for (auto& rest : others) {
-    for (auto& g : partition(std::move(rest))) create(std::move(g));
+    for (auto& g : partition(std::move(rest))) inter.push_back(std::move(g));
   }
-  for (auto& members : by_node) create(std::move(members));
+  for (auto& g : inter) {
+    // The behind initiator is a head: a companion of another node keeps its
+    // group at one rank per node.
+    if (wants_company(rank, lagging, g)) add_company(rank, g, true);
+  }
+  for (auto& g : inter) create(std::move(g));
+  for (auto& members : by_node) {
+    // A behind initiator's next request is a slow step away: the fast ranks
+    // of its node must not queue a group that waits for it (nor a group of
+    // one, which would only cost them a request).
+    if (lagging && std::erase(members, rank) == 1 && members.size() < 2) continue;
+    create(std::move(members));
+  }
+}
+
+bool GroupGeneratorEngine::behind(int rank) const {
+  if (!options_.slowdown_threshold) return false;
+  const std::int64_t c_i = counters_[static_cast<std::size_t>(rank)];
+  for (int w = 0; w < options_.world_size; ++w) {
+    const auto x = static_cast<std::size_t>(w);
+    if (!left_[x] && !lingering_[x] && counters_[x] - c_i >= *options_.slowdown_threshold) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool GroupGeneratorEngine::wants_company(int rank, bool lagging,
+                                         const std::vector<int>& group) const {
+  return lagging && group.size() == 1 && group.front() == rank &&
+         alone_[static_cast<std::size_t>(rank)] + 1 >= options_.company_every;
+}
+
+void GroupGeneratorEngine::add_company(int rank, std::vector<int>& group, bool other_node) {
+  // Busy ranks only: the idle ones are in the division already. A rank with
+  // a group queued runs it first, so the shortest queues keep i's wait short.
+  const std::size_t room = options_.inter_intra ? 2 : 1;
+  const std::int64_t c_i = counters_[static_cast<std::size_t>(rank)];
+  const int node = rank / local_size_;
+  std::vector<int> candidates;
+  std::size_t shortest = room;
+  for (int w = 0; w < options_.world_size; ++w) {
+    const auto x = static_cast<std::size_t>(w);
+    if (w == rank || left_[x] || (queues_[x].empty() && !executing_[x])) continue;
+    if (queues_[x].size() >= room) continue;
+    if (other_node && w / local_size_ == node) continue;
+    if (!lingering_[x] && c_i - counters_[x] >= *options_.slowdown_threshold) continue;
+    if (queues_[x].size() < shortest) candidates.clear();
+    shortest = std::min(shortest, queues_[x].size());
+    if (queues_[x].size() == shortest) candidates.push_back(w);
+  }
+  if (candidates.empty()) return;
+  group.push_back(candidates[static_cast<std::size_t>(uniform(candidates.size()))]);
+  ++stats_.company;
 }
 
 // ---- randomness (portable: no std:: distributions or std::shuffle) ----------

@@ -90,6 +90,10 @@ TEST_CASE("group generator: options are validated, naming the field and the valu
   o.local_size = 0;
   CHECK(error_of([&] { GroupGeneratorEngine e(o); }).find("local_size must be >= 1, got 0") !=
         std::string::npos);
+  o = smart(4, 3);
+  o.company_every = -1;
+  CHECK(error_of([&] { GroupGeneratorEngine e(o); }).find("company_every must be >= 0, got -1") !=
+        std::string::npos);
   CHECK(parse_group_generation_mode("random") == GroupGenerationMode::kRandom);
   CHECK(parse_group_generation_mode("smart") == GroupGenerationMode::kSmart);
   CHECK(error_of([] { parse_group_generation_mode("static"); }).find("'static'") !=
@@ -194,6 +198,139 @@ TEST_CASE("group generator: the slowdown filter keeps ranks that lag by C_thres 
       CHECK(run_once(engine, 2).ranks == Ranks{0, 1, 2});  // c2 = 3: c2 - c_w <= 0
       CHECK(engine.stats().solo == 1);
     }
+  }
+}
+
+// Ranks 0 and 1 take a group together; rank 2, idle, is filtered out.
+Group fast_pair(GroupGeneratorEngine& engine) {
+  const Group fast = group_of(engine.request(0));
+  CHECK(fast.ranks == Ranks{0, 1});
+  CHECK(group_of(engine.request(1)) == fast);
+  return fast;
+}
+
+// Ranks 0 and 1 (C_thres = 2) run ahead of rank 2 while it executes the
+// first group; then both hold a new group (executing, queues empty), and
+// rank 2, behind, requests alone. Returns the fast ranks' group.
+Group fast_ranks_ahead(GroupGeneratorEngine& engine) {
+  const Group first = group_of(engine.request(2));  // {0, 1, 2}: rank 2 keeps executing it
+  REQUIRE(first.ranks == Ranks{0, 1, 2});
+  for (int round = 0; round < 3; ++round) {  // counters 3 3 1
+    run_once(engine, 0);
+    run_once(engine, 1);
+  }
+  engine.complete(2, first.id);
+  return fast_pair(engine);
+}
+
+TEST_CASE("group generator: a behind rank alone gets a busy companion (bounded isolation, I6)") {
+  for (int every : {0, 1, 2}) {
+    CAPTURE(every);
+    auto o = smart(3, 3, 5);
+    o.slowdown_threshold = 2;
+    o.company_every = every;
+    GroupGeneratorEngine engine(o);
+    Group fast = fast_ranks_ahead(engine);
+    Group g = group_of(engine.request(2));
+    CHECK(engine.counters() == std::vector<std::int64_t>{4, 4, 2});
+    if (every != 1) {
+      // The paper's rule (K = 0), and K = 2 after a group with company: alone.
+      CHECK(g.ranks == Ranks{2});
+      CHECK(engine.stats().company == 0);
+      if (every == 0) continue;
+      // K = 2: alone in the last group, alone again now: company.
+      engine.complete(2, g.id);
+      engine.complete(0, fast.id);
+      engine.complete(1, fast.id);
+      fast = fast_pair(engine);
+      g = group_of(engine.request(2));
+      CHECK(engine.counters() == std::vector<std::int64_t>{5, 5, 3});
+    }
+    // One companion, busy and with an empty queue: it gets the group after
+    // the one it executes (the largest id yet), and runs it next.
+    REQUIRE(g.ranks.size() == 2);
+    CHECK(g.ranks.back() == 2);
+    const int w = g.ranks.front();
+    CHECK(g.id > fast.id);
+    CHECK(engine.executing(w) == fast);
+    CHECK(engine.buffer(w) == std::vector<Group>{g});
+    CHECK(engine.stats().company == 1);
+    CHECK(engine.stats().solo == (every == 2 ? 1 : 0));
+    engine.complete(w, fast.id);
+    CHECK(run_once(engine, w) == g);
+    engine.complete(2, g.id);
+    CHECK(engine.drained() == false);  // the other fast rank still executes `fast`
+    engine.complete(1 - w, fast.id);
+    CHECK(engine.drained());
+  }
+}
+
+TEST_CASE("group generator: a companion has room in its buffer; none without a threshold") {
+  auto o = smart(3, 3, 5);
+  o.slowdown_threshold = 2;
+  GroupGeneratorEngine engine(o);
+  const Group fast = fast_ranks_ahead(engine);
+  engine.complete(0, fast.id);
+  engine.complete(1, fast.id);
+  // Rank 0 executes a new group; rank 1 holds it queued: no room at rank 1.
+  const Group next = group_of(engine.request(0));
+  CHECK(next.ranks == Ranks{0, 1});
+  const Group g = group_of(engine.request(2));
+  CHECK(g.ranks == Ranks{0, 2});
+  CHECK(engine.buffer(0) == std::vector<Group>{g});
+  CHECK(engine.buffer(1) == std::vector<Group>{next});
+  // Without a threshold nobody is behind: the paper's rule, alone.
+  GroupGeneratorEngine plain(smart(3, 3, 5));
+  const Group first = group_of(plain.request(2));
+  for (int round = 0; round < 3; ++round) {
+    run_once(plain, 0);
+    run_once(plain, 1);
+  }
+  plain.complete(2, first.id);
+  CHECK(group_of(plain.request(0)).ranks == Ranks{0, 1, 2});  // no filter: rank 2 joins
+  CHECK(group_of(plain.request(1)).ranks == Ranks{0, 1, 2});
+  CHECK(plain.stats().company == 0);
+}
+
+TEST_CASE("group generator: inter-intra gives a behind head a companion of another node") {
+  for (int every : {0, 1}) {
+    CAPTURE(every);
+    auto o = smart(8, 3, 9);
+    o.local_size = 4;
+    o.inter_intra = true;
+    o.slowdown_threshold = 2;
+    o.company_every = every;
+    GroupGeneratorEngine engine(o);
+    engine.complete(7, group_of(engine.request(7)).id);  // inter phase
+    const Group first = group_of(engine.request(7));     // intra: rank 7 keeps executing it
+    for (int round = 0; round < 4; ++round) {
+      for (int r = 0; r < 7; ++r) {
+        if (engine.executing(r)) engine.complete(r, engine.executing(r)->id);
+        run_once(engine, r);
+      }
+    }
+    engine.complete(7, first.id);
+    for (int r = 0; r < 7; ++r) group_of(engine.request(r));  // every fast rank busy
+    const Group g = group_of(engine.request(7));              // behind, alone: its node's head
+    if (every == 0) {
+      // The paper's rule: alone in both phases (two groups of one).
+      CHECK(g.ranks == Ranks{7});
+      CHECK(engine.buffer(7) == std::vector<Group>{Group{.id = g.id + 1, .ranks = {7}}});
+      continue;
+    }
+    REQUIRE(g.ranks.size() == 2);
+    const int w = g.ranks.front();
+    CHECK(w / 4 == 0);                // one rank per node, as every inter-phase group
+    CHECK(engine.buffer(7).empty());  // no intra-phase group behind its next request
+    const auto queued = engine.buffer(w);
+    REQUIRE(!queued.empty());
+    CHECK(queued.back() == g);
+    CHECK(queued.size() <= 2);
+    // The companion had the shortest queue among node 0's busy ranks.
+    for (int r = 0; r < 4; ++r) {
+      if (r != w) CHECK(engine.buffer(r).size() + 1 >= queued.size());
+    }
+    CHECK(engine.stats().max_buffer_len <= 2);
   }
 }
 

@@ -382,16 +382,31 @@ TEST_CASE("group generator simulation: finishing times and the straggler's isola
     c.slowdown[1] = 3.0;
     const auto unfiltered = report("3x straggler, no filter", n, simulate(c), 1);
     c.options.slowdown_threshold = 5;
-    const auto r = simulate(c);
-    const auto filtered = report("3x straggler, C_thres=5", n, r, 1);
+    c.options.company_every = 0;  // the paper's rule
+    const auto paper = simulate(c);
+    const auto filtered = report("3x straggler, C_thres=5, K=0", n, paper, 1);
     CHECK(unfiltered[unfiltered.size() / 2] > 360);  // design: 436-487 (n=4), 365-410 (n=16)
     CHECK(filtered[filtered.size() / 2] < 350);      // design: median 327-335
     CHECK(filtered.back() < 420);                    // design: up to 392 (n=8)
-    CHECK(shared_share(r, 1, false) >= 0.20);        // I6; design: 28-34%
-    CHECK(shared_share(r, 1, true) >= 0.5);
+    CHECK(shared_share(paper, 1, false) >= 0.20);    // I6; design: 28-34%
+    CHECK(shared_share(paper, 1, true) >= 0.5);
+    // Bounded isolation, K = 1 (the default): while the fast ranks train,
+    // the straggler always finds a busy rank with room. Their median keeps;
+    // the slowest fast rank pays up to ~1.4x more in this model, where a
+    // P-Reduce blocks (10 seeds, n = 8: 340-442 against 328-380 with K = 0);
+    // with overlap the benchmarks show no such cost (docs/ripples.md).
+    c.options.company_every = 1;
+    const auto r = simulate(c);
+    const auto company = report("3x straggler, C_thres=5, K=1", n, r, 1);
+    CHECK(company[company.size() / 2] < 350);
+    CHECK(company.back() < 480);
+    CHECK(shared_share(r, 1, false) >= 0.20);  // I6
+    CHECK(shared_share(r, 1, true) >= 0.95);
+    CHECK(r.stats.company > 0);
     if (n == 4) {
       c.options.slowdown_threshold = 2;
-      report("3x straggler, C_thres=2", n, simulate(c), 1);
+      c.options.company_every = 0;
+      report("3x straggler, C_thres=2, K=0", n, simulate(c), 1);
     }
   }
   // k >= n: every group is global, counters never diverge, the filter never fires.
@@ -406,4 +421,20 @@ TEST_CASE("group generator simulation: finishing times and the straggler's isola
   ii.options.local_size = 4;
   ii.options.inter_intra = true;
   report("inter_intra L=4 k=3", 8, simulate(ii), -1);
+  // inter_intra with a 3x straggler (the benchmarks' world 8): without the
+  // rule its node's fast ranks queue intra-phase groups that wait for its
+  // next request (the slowest ends with it, 917); with it they do not, and
+  // it still shares >= 85 % of its groups while the others train (a busy
+  // rank of the other node with room is not always there: queues hold two).
+  ii.slowdown[7] = 3.0;
+  ii.options.slowdown_threshold = 5;
+  for (int every : {0, 1}) {
+    CAPTURE(every);
+    ii.options.company_every = every;
+    const auto r = simulate(ii);
+    report(every == 0 ? "inter_intra, 3x, C=5, K=0" : "inter_intra, 3x, C=5, K=1", 8, r, 7);
+    const auto fast = fast_finish(r, 7);
+    CHECK(shared_share(r, 7, true) >= 0.85);
+    CHECK((every == 0 ? fast.back() > 600 : fast.back() < 500));
+  }
 }

@@ -116,6 +116,7 @@ def test_engine_smart_round_trip():
         "mean_group_size": 2.0,
         "max_buffer_len": 1,
         "divisions": 1,
+        "company": 0,
     }
     assert repr(g) == f"Group(id={g.id}, ranks={g.ranks})"
     assert hash(g) == hash(Group(g.id, list(g.ranks)))
@@ -163,6 +164,36 @@ def test_engine_inter_intra_two_groups_per_rank():
     intra = engine.buffer(0)[0]
     assert intra.ranks == [0, 1, 2, 3] and intra.id > first.id
     assert engine.stats()["max_buffer_len"] == 2
+
+
+def _straggler_alone_while_fast_ranks_busy(company_every):
+    """Ranks 0 and 1 run three requests ahead of rank 2 (threshold 2), then
+    both execute a group when rank 2 requests: rank 2's group."""
+    engine = GroupGeneratorEngine(3, group_size=3, slowdown_threshold=2, seed=5,
+                                  company_every=company_every)
+    first = engine.request(2)  # {0, 1, 2}; rank 2 keeps executing it
+    for _ in range(3):
+        for r in (0, 1):
+            engine.complete(r, engine.request(r).id)
+    engine.complete(2, first.id)
+    fast = engine.request(0)
+    assert fast.ranks == [0, 1] and engine.request(1) == fast  # rank 2 filtered out
+    return engine, fast, engine.request(2)
+
+
+def test_engine_bounded_isolation_gives_a_straggler_company():
+    engine, fast, g = _straggler_alone_while_fast_ranks_busy(company_every=1)
+    assert engine.counters() == [4, 4, 2]
+    assert len(g.ranks) == 2 and g.ranks[1] == 2 and g.id > fast.id
+    companion = g.ranks[0]
+    assert engine.buffer(companion) == [g]  # runs it at its next request
+    assert engine.stats()["company"] == 1
+    engine.complete(companion, fast.id)
+    assert engine.request(companion) == g
+    # company_every=0: the paper's rule, alone.
+    engine, _, g = _straggler_alone_while_fast_ranks_busy(company_every=0)
+    assert g.ranks == [2]
+    assert engine.stats()["company"] == 0
 
 
 def test_engine_is_deterministic():
@@ -221,6 +252,8 @@ def test_engine_misuse_raises_value_error():
             "inter_intra = True needs mode 'smart', got mode 'random'",
         ),
         (dict(world_size=4, seed=-1), "seed must be >= 0, got -1"),
+        (dict(world_size=4, company_every=-1), "company_every must be >= 0, got -1"),
+        (dict(world_size=4, company_every=1.0), "company_every must be an int, got 1.0"),
     ],
 )
 def test_engine_argument_errors(kwargs, message):

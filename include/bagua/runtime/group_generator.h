@@ -45,6 +45,20 @@
 //   partition({h_v}) then, node by node, partition(F_v - {h_v}); then the
 //   intra-phase groups F_v, node by node. Every inter-phase id precedes every
 //   intra-phase id; Q lengths <= 2.
+//   Bounded isolation (ours; design 7.7, I6), with a threshold and K =
+//   company_every >= 1: rank i is behind when a rank still training has made
+//   C_thres or more requests than i (that rank's divisions leave i out). A
+//   behind initiator whose first new group is {i} alone, after K - 1
+//   consecutive groups alone, gets one companion: a busy rank w (executing,
+//   or holding a group) with room in its buffer (Q_w shorter than 1, 2 with
+//   inter_intra), not itself filtered out by i (c_i - c_w < C_thres), chosen
+//   uniformly among those with the shortest Q_w (inter_intra: of another
+//   node). w receives the group after the ones it holds (its id is the
+//   largest yet) and runs it at its next request, while i, already there,
+//   waits for it: w loses no step. With inter_intra a behind initiator heads
+//   its node and takes no intra-phase group (its node's intra group is
+//   F_v - {i}, dropped if of one rank), so no fast rank queues a group that
+//   waits for the straggler's next request.
 // leave(i): i is never chosen again; its request returns its remaining queued
 //   groups, then kDone. Random mode removes i from pending groups (a pending
 //   group i started is dropped, and a waiting rank left in no pending group
@@ -92,6 +106,10 @@ struct GroupGeneratorOptions {
   std::optional<std::int64_t> slowdown_threshold;  // C_thres >= 1; smart only; none: no filter
   std::optional<int> local_size;                   // ranks per node >= 1; none: one node
   bool inter_intra = false;                        // smart only
+  // K >= 0: a behind rank is alone in at most K - 1 consecutive groups when
+  // a busy rank has room (see above); 0: off, the paper's rule. Acts only
+  // with a slowdown_threshold.
+  int company_every = 1;
   std::uint64_t seed = 0;
 };
 
@@ -132,6 +150,7 @@ struct GroupGeneratorStats {
   double mean_group_size = 0.0;     // mean size of those groups (0 before the first)
   std::int64_t max_buffer_len = 0;  // longest group buffer (queue) any rank had
   std::int64_t divisions = 0;       // smart: global divisions run
+  std::int64_t company = 0;         // smart: companions given to behind ranks
 };
 
 class GroupGeneratorEngine {
@@ -189,6 +208,11 @@ class GroupGeneratorEngine {
   void draw_random_group(int rank);
   void grant();
   void divide(int rank);
+  std::vector<int> division_set(int rank) const;
+  void divide_by_node(const std::vector<int>& idle, int rank, bool behind);
+  bool behind(int rank) const;
+  bool wants_company(int rank, bool behind, const std::vector<int>& group) const;
+  void add_company(int rank, std::vector<int>& group, bool other_node);
   std::vector<std::vector<int>> partition(std::vector<int> ranks);
   std::uint64_t uniform(std::uint64_t bound);  // in [0, bound)
   void shuffle(std::vector<int>& values);
@@ -203,6 +227,7 @@ class GroupGeneratorEngine {
   std::vector<bool> left_;
   std::vector<bool> lingering_;
   std::vector<bool> waiting_;
+  std::vector<std::int64_t> alone_;         // consecutive groups of one a rank popped
   std::map<std::uint64_t, Record> groups_;  // handed out, not completed by all members
   std::vector<Pending> pending_;            // random mode
   GroupGeneratorStats stats_;
