@@ -28,8 +28,10 @@ class GradientAllReduceAlgorithm(Algorithm):
         """
         Args:
             hierarchical: sum inside each node first (through shared memory),
-                communicate among the node leaders only (nodes from
-                LOCAL_WORLD_SIZE), broadcast back inside the node. Over one
+                then each rank reduces its share of the node's sum with the
+                same share on the other nodes (nodes from LOCAL_WORLD_SIZE;
+                with nodes of unequal size the node leaders reduce it all),
+                and the node gathers the shares. Over one
                 node, or with one rank per node, it runs the flat allreduce
                 (the same sum, fewer passes), so the default costs nothing
                 there; across hosts of several ranks it sends a host's bytes
