@@ -90,7 +90,9 @@ void SharedMemoryGroup::reduce_block(DType dtype, std::byte* mine, std::size_t a
     };
     T* const out = reinterpret_cast<T*>(mine + at);
     for (int r = 0; r < size_; ++r) {
-      if (r != rank_) read_peer(r, reinterpret_cast<std::byte*>(block_of(r)), at, bytes);
+      if (r != rank_) {
+        copy_peer(PeerCopy::kRead, r, reinterpret_cast<std::byte*>(block_of(r)), at, bytes);
+      }
     }
     const auto copy_of = [&](int r) -> const T* { return r == rank_ ? out : block_of(r); };
     T* const partial = rank_ <= 1 ? out : block_of(rank_);
@@ -105,55 +107,32 @@ void SharedMemoryGroup::reduce_block(DType dtype, std::byte* mine, std::size_t a
       }
     }
     for (int r = 0; r < size_; ++r) {
-      if (r != rank_) write_peer(r, reinterpret_cast<const std::byte*>(out), at, bytes);
+      if (r != rank_) copy_peer(PeerCopy::kWrite, r, reinterpret_cast<std::byte*>(out), at, bytes);
     }
   });
 }
 
-namespace {
-
-// process_vm_readv or _writev of all `bytes`, or a BackendError naming the peer.
-template <typename Call>
-void move_bytes(Call&& call, const char* what, int peer, int pid, std::size_t bytes) {
-  std::size_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = call(done);
-    if (n <= 0) {
-      throw BackendError(fmt::format("direct allreduce: {} of rank {} (pid {}): {}", what, peer,
-                                     pid, n < 0 ? std::strerror(errno) : "no progress"));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
-
-}  // namespace
-
-void SharedMemoryGroup::read_peer(int peer, std::byte* local, std::size_t at,
+// process_vm_readv or _writev until all `bytes` moved, or a BackendError
+// naming the peer.
+void SharedMemoryGroup::copy_peer(PeerCopy direction, int peer, std::byte* local, std::size_t at,
                                   std::size_t bytes) const {
   const RankState& state = control_->rank(peer);
   const int pid = state.pid.load(std::memory_order_relaxed);
   const std::uintptr_t base = state.address.load(std::memory_order_relaxed) + at;
-  move_bytes(
-      [&](std::size_t done) {
-        const iovec to{local + done, bytes - done};
-        const iovec from{reinterpret_cast<void*>(base + done), bytes - done};
-        return ::process_vm_readv(pid, &to, 1, &from, 1, 0);
-      },
-      "reading the buffer", peer, pid, bytes);
-}
-
-void SharedMemoryGroup::write_peer(int peer, const std::byte* local, std::size_t at,
-                                   std::size_t bytes) const {
-  const RankState& state = control_->rank(peer);
-  const int pid = state.pid.load(std::memory_order_relaxed);
-  const std::uintptr_t base = state.address.load(std::memory_order_relaxed) + at;
-  move_bytes(
-      [&](std::size_t done) {
-        const iovec from{const_cast<std::byte*>(local) + done, bytes - done};
-        const iovec to{reinterpret_cast<void*>(base + done), bytes - done};
-        return ::process_vm_writev(pid, &from, 1, &to, 1, 0);
-      },
-      "writing the buffer", peer, pid, bytes);
+  const bool read = direction == PeerCopy::kRead;
+  std::size_t done = 0;
+  while (done < bytes) {
+    const iovec here{local + done, bytes - done};
+    const iovec there{reinterpret_cast<void*>(base + done), bytes - done};
+    const ssize_t n = read ? ::process_vm_readv(pid, &here, 1, &there, 1, 0)
+                           : ::process_vm_writev(pid, &here, 1, &there, 1, 0);
+    if (n <= 0) {
+      throw BackendError(fmt::format("direct allreduce: {} the buffer of rank {} (pid {}): {}",
+                                     read ? "reading" : "writing", peer, pid,
+                                     n < 0 ? std::strerror(errno) : "no progress"));
+    }
+    done += static_cast<std::size_t>(n);
+  }
 }
 
 }  // namespace bagua

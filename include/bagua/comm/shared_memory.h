@@ -137,9 +137,11 @@ class SharedMemoryGroup {
   // peer's buffer; `scratch` holds size() blocks.
   void reduce_block(DType dtype, std::byte* mine, std::size_t at, std::size_t n, ReduceOp op,
                     std::byte* scratch);
-  // Moves `bytes` between `local` and byte `at` of rank `peer`'s buffer.
-  void read_peer(int peer, std::byte* local, std::size_t at, std::size_t bytes) const;
-  void write_peer(int peer, const std::byte* local, std::size_t at, std::size_t bytes) const;
+  // Moves `bytes` between `local` and byte `at` of rank `peer`'s buffer:
+  // reads them into `local` or writes them from it.
+  enum class PeerCopy { kRead, kWrite };
+  void copy_peer(PeerCopy direction, int peer, std::byte* local, std::size_t at,
+                 std::size_t bytes) const;
   void reduce_piece(const TensorView& buffer, std::int64_t offset, std::int64_t count, ReduceOp op,
                     Waiter& waiter);
   // mine[0, n) = op over ranks, in rank order, of their copies of the
