@@ -30,7 +30,7 @@
 #include "bagua/core/env.h"
 #include "bagua/core/errors.h"
 #include "bagua/core/logging.h"
-#include "bagua/runtime/timeline.h"
+#include "bagua/core/timeline.h"
 #include "comm/shared_memory_control.h"
 
 namespace bagua {

@@ -13,7 +13,7 @@
 #include "bagua/comm/shared_memory.h"
 #include "bagua/core/elementwise.h"
 #include "bagua/core/errors.h"
-#include "bagua/runtime/timeline.h"
+#include "bagua/core/timeline.h"
 #include "comm/shared_memory_control.h"
 
 namespace bagua {

@@ -10,8 +10,8 @@
 #include "bagua/compression/chunked_layout.h"
 #include "bagua/core/cuda.h"
 #include "bagua/core/env.h"
+#include "bagua/core/timeline.h"
 #include "bagua/ops/low_precision_partial_allreduce.h"
-#include "bagua/runtime/timeline.h"
 
 namespace bagua {
 

@@ -9,9 +9,9 @@
 #include <tuple>
 #include <vector>
 
+#include "bagua/core/timeline.h"
 #include "bagua/runtime/backend.h"
 #include "bagua/runtime/planner.h"
-#include "bagua/runtime/timeline.h"
 #include "bindings.h"
 
 namespace bagua::python {

@@ -53,18 +53,18 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bagua/comm/communicator.h"
 #include "bagua/core/cuda.h"
 #include "bagua/core/event_pool.h"
+#include "bagua/core/timeline.h"
 #include "bagua/ops/peer_selection.h"
 #include "bagua/runtime/bucket.h"
 #include "bagua/runtime/comm_op.h"
 #include "bagua/runtime/compute.h"
-#include "bagua/runtime/timeline.h"
 
 namespace bagua {
 
@@ -82,7 +82,7 @@ struct AsyncRoundStats {
   std::int64_t steps = 0;             // local steps counted
   std::int64_t last_round_steps = 0;  // steps between the last two completions
   std::int64_t max_round_steps = 0;
-  std::int64_t steps_in_rounds = 0;   // steps up to the last completion
+  std::int64_t steps_in_rounds = 0;  // steps up to the last completion
   double last_round_ms = 0, max_round_ms = 0, total_round_ms = 0;
   double last_drift_sq = 0, max_drift_sq = 0;  // ||snapshot - average||^2
   double last_average_sq = 0;                  // ||average||^2

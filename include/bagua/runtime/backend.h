@@ -51,8 +51,8 @@
 #include <vector>
 
 #include "bagua/core/event_pool.h"
+#include "bagua/core/timeline.h"
 #include "bagua/runtime/bucket.h"
-#include "bagua/runtime/timeline.h"
 
 namespace bagua {
 
