@@ -208,10 +208,11 @@ def breakdowns(events, windows, stages, skip):
         if rows:
             parts = list(dict.fromkeys(k for r in rows for k in r))
             result[kind] = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in parts}
-        else:
-            result[kind] = {"compute": statistics.median(
+        else:  # the slowest rank's stages
+            result[kind] = {"compute_slowest_rank": statistics.median(
                 f + b for f, b in zip(stages[kind]["forward"][skip:], stages[kind]["backward"][skip:])) * 1e3,
-                "optimizer": statistics.median(stages[kind]["step"][skip:]) * 1e3}
+                "optimizer_slowest_rank": statistics.median(stages[kind]["step"][skip:]) * 1e3}
+        result[kind]["step_this_rank"] = statistics.median(b - a for a, b in spans[skip:]) / 1e3
     return result
 
 
