@@ -177,8 +177,9 @@ TEST_CASE("C_FP_S gives the sum or average for every mode, flat or not, unequal 
           return all;
         }());
         auto hierarchy = std::make_shared<HierarchicalComms>(make_hierarchical_comms(*comm, 2));
-        // Bucket sizes 1, 7 and 3 x 333 elements (tensors of 333, 1 and 665 in one bucket).
-        const std::vector<std::vector<std::int64_t>> layout{{1}, {3, 4}, {333, 1, 665}};
+        // Bucket sizes 1, 7, 3 x 333 and 8 elements (tensors of 333, 1 and 665 in one
+        // bucket; 8 splits into equal shares at every node size, odd ones do not).
+        const std::vector<std::vector<std::int64_t>> layout{{1}, {3, 4}, {333, 1, 665}, {5, 3}};
         std::vector<std::vector<float>> storage;
         std::vector<std::shared_ptr<Bucket>> buckets;
         Backend backend(

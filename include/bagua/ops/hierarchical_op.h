@@ -22,6 +22,7 @@
 
 #include "bagua/comm/communicator.h"
 #include "bagua/core/errors.h"
+#include "bagua/core/timeline.h"
 #include "bagua/runtime/bucket.h"
 #include "bagua/runtime/comm_op.h"
 #include "bagua/runtime/compute.h"
@@ -80,11 +81,18 @@ class HierarchicalOp : public CommOp {
       return;
     }
     auto& intra = *hierarchy_->intra;
-    intra.allreduce(data, data, ReduceOp::kSum);
+    {
+      const TimelinePhase phase("hierarchical.node_sum");
+      intra.allreduce(data, data, ReduceOp::kSum);
+    }
     if (shares && hierarchy_->across) {
       reduce_shares(data, reduce);
     } else {
-      if (hierarchy_->is_leader()) reduce(*hierarchy_->inter, data, false);
+      if (hierarchy_->is_leader()) {
+        const TimelinePhase phase("hierarchical.across_nodes");
+        reduce(*hierarchy_->inter, data, false);
+      }
+      const TimelinePhase phase("hierarchical.node_broadcast");
       intra.broadcast(data, 0);
     }
     if (average) compute_->divide(data, global_->size());
@@ -99,18 +107,26 @@ class HierarchicalOp : public CommOp {
     const std::int64_t share = (data.numel + ranks - 1) / ranks;
     const std::int64_t begin = std::min(data.numel, share * intra.rank());
     const std::int64_t count = std::min(share, data.numel - begin);
+    if (count > 0) {
+      const TimelinePhase phase("hierarchical.across_nodes");
+      reduce(*hierarchy_->across, data.slice(begin, count), false);
+    }
+    const TimelinePhase phase("hierarchical.node_gather");
+    if (share * ranks == data.numel) {
+      // In place: this rank's share already sits where the gather puts it.
+      intra.allgather(data.slice(begin, count), data);
+      return;
+    }
+    // Shares of equal size for the gather; the last one padded, the padding
+    // never read.
     Compute& c = *compute_;
     const std::size_t element = dtype_size(data.dtype);
     const auto mine_block = c.scratch(static_cast<std::size_t>(share) * element);
     const TensorView mine = c.view(mine_block, share, data.dtype);
-    if (count > 0) {
-      const TensorView own = data.slice(begin, count);
-      reduce(*hierarchy_->across, own, false);
-      c.copy(mine.data, own.data, own.nbytes());
-    }
+    if (count > 0) c.copy(mine.data, data.slice(begin, count).data, static_cast<std::size_t>(count) * element);
     const auto all_block = c.scratch(static_cast<std::size_t>(share * ranks) * element);
     const TensorView all = c.view(all_block, share * ranks, data.dtype);
-    intra.allgather(mine, all);  // a short last share gathers padding, never read
+    intra.allgather(mine, all);
     c.copy(data.data, all.data, data.nbytes());
   }
 
