@@ -332,9 +332,10 @@ void GroupGeneratorEngine::divide_by_node(const std::vector<int>& idle, int rank
   for (auto& g : inter) create(std::move(g));
   for (auto& members : by_node) {
     // A behind initiator's next request is a slow step away: the fast ranks
-    // of its node must not queue a group that waits for it (nor a group of
-    // one, which would only cost them a request).
-    if (lagging && std::erase(members, rank) == 1 && members.size() < 2) continue;
+    // of its node must not queue a group that waits for it. Without it, up
+    // to k of them would only repeat their inter-phase group (or sit alone).
+    const auto group_size = static_cast<std::size_t>(options_.group_size);
+    if (lagging && std::erase(members, rank) == 1 && members.size() <= group_size) continue;
     create(std::move(members));
   }
 }

@@ -424,8 +424,7 @@ TEST_CASE("group generator simulation: finishing times and the straggler's isola
   // inter_intra with a 3x straggler (the benchmarks' world 8): without the
   // rule its node's fast ranks queue intra-phase groups that wait for its
   // next request (the slowest ends with it, 917); with it they do not, and
-  // it still shares >= 85 % of its groups while the others train (a busy
-  // rank of the other node with room is not always there: queues hold two).
+  // it shares its groups while the others train.
   ii.slowdown[7] = 3.0;
   ii.options.slowdown_threshold = 5;
   for (int every : {0, 1}) {
@@ -434,7 +433,7 @@ TEST_CASE("group generator simulation: finishing times and the straggler's isola
     const auto r = simulate(ii);
     report(every == 0 ? "inter_intra, 3x, C=5, K=0" : "inter_intra, 3x, C=5, K=1", 8, r, 7);
     const auto fast = fast_finish(r, 7);
-    CHECK(shared_share(r, 7, true) >= 0.85);
+    CHECK(shared_share(r, 7, true) >= (every == 0 ? 0.85 : 0.95));
     CHECK((every == 0 ? fast.back() > 600 : fast.back() < 500));
   }
 }

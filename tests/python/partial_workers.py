@@ -133,6 +133,36 @@ def scenario_train(out_dir, generator, overlap, lr, interval="1", group_size="3"
                     "comm_stats": model.bagua_ddp.communication_stats()["algorithm_ops"]})
 
 
+def scenario_straggler(out_dir, seconds="3"):
+    """Smart P-Reduce with the slowdown filter (threshold 5, groups of 3) and
+    the last rank 3x slower, compute emulated by sleeping between forward and
+    backward as in bench/ripples_accuracy.py; every rank trains for the same
+    wall time. Saves what the bounded-isolation test needs."""
+    from bagua.torch_api.algorithms.partial_allreduce import PartialAllReduceAlgorithm
+    bagua.init_process_group()
+    rank, n = bagua.get_rank(), bagua.get_world_size()
+    torch.manual_seed(0)
+    model = _Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    algorithm = PartialAllReduceAlgorithm(group_size=3, slowdown_threshold=5)
+    model = model.with_bagua([opt], algorithm)
+    data = torch.Generator().manual_seed(rank)
+    sleep_s = 0.02 * (3 if rank == n - 1 else 1)
+    bagua.barrier()
+    start, steps = time.perf_counter(), 0
+    while time.perf_counter() - start < float(seconds):
+        x = torch.randn(16, 8, generator=data)
+        y = torch.randint(0, 3, (16,), generator=data)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        time.sleep(sleep_s)
+        loss.backward()
+        opt.step()
+        steps += 1
+    algorithm.abort(model)
+    _save(out_dir, {"steps": steps, "history": algorithm.history(model), "stats": algorithm.stats(model)})
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -57,8 +57,9 @@
 //   largest yet) and runs it at its next request, while i, already there,
 //   waits for it: w loses no step. With inter_intra a behind initiator heads
 //   its node and takes no intra-phase group (its node's intra group is
-//   F_v - {i}, dropped if of one rank), so no fast rank queues a group that
-//   waits for the straggler's next request.
+//   F_v - {i}, dropped when of at most k ranks: it would repeat their one
+//   inter-phase group), so no fast rank queues a group that waits for the
+//   straggler's next request.
 // leave(i): i is never chosen again; its request returns its remaining queued
 //   groups, then kDone. Random mode removes i from pending groups (a pending
 //   group i started is dropped, and a waiting rank left in no pending group
