@@ -29,8 +29,9 @@ optimizer step), and the ratio algorithm / DDP (< 1: faster than DDP) with
 its range over the repeats; writes bench/results/step_time.json.
 
 With --breakdown the workers record a timeline (BAGUA_TIMELINE, in a
-temporary directory) and print, per rank, where each bagua kind's median
-step went next to `local`'s: compute (step start to the last gradient
+temporary directory) and print, per rank, where each bagua kind's step
+went (medians, and means, which add up to the mean step) next to
+`local`'s: compute (step start to the last gradient
 marked ready: zero_grad, forward, backward, the per-parameter hooks), the
 bucket ops' time that ran during it (the communication thread's, taking
 cycles from the backward pass), then after the last gradient the ops'
@@ -208,11 +209,17 @@ def breakdowns(events, windows, stages, skip):
         if rows:
             parts = list(dict.fromkeys(k for r in rows for k in r))
             result[kind] = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in parts}
+            # means add up (medians do not: a lost time slice lands in one part or another)
+            result[f"{kind} (mean)"] = {k: statistics.fmean(r.get(k, 0.0) for r in rows) for k in parts}
+            result[f"{kind} (mean)"]["step_this_rank"] = statistics.fmean(b - a for a, b in spans[skip:]) / 1e3
         else:  # the slowest rank's stages
             result[kind] = {"compute_slowest_rank": statistics.median(
                 f + b for f, b in zip(stages[kind]["forward"][skip:], stages[kind]["backward"][skip:])) * 1e3,
                 "optimizer_slowest_rank": statistics.median(stages[kind]["step"][skip:]) * 1e3}
         result[kind]["step_this_rank"] = statistics.median(b - a for a, b in spans[skip:]) / 1e3
+        if not rows:
+            result[f"{kind} (mean)"] = {
+                "step_this_rank": statistics.fmean(b - a for a, b in spans[skip:]) / 1e3}
     return result
 
 
@@ -284,7 +291,7 @@ def print_breakdown(report):
             for model, r in models.items():
                 for rank, parts in enumerate(r.get("breakdown", [])):
                     for kind, row in parts.items():
-                        if kind == "ddp":
+                        if kind.startswith("ddp"):
                             continue
                         print(f"repeat {i} {model} world {world} {kind:>18} rank {rank}: "
                               + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
