@@ -64,8 +64,13 @@ void SharedMemoryGroup::direct_allreduce(const TensorView& buffer, ReduceOp op, 
     const TimelinePhase phase("shm.wait_reduced");
     waiter.wait_blocks(first + blocks);
   }
+  // No wake-up: nobody can be waiting for these. A later slot piece waits
+  // for consumed >= call only once every rank has written a later call,
+  // which each does after these stores. A futex wake here would only rouse
+  // ranks sleeping in the next call's waits, each a context switch on a
+  // machine with more ranks than cores.
   control_->rank(rank_).reduced.store(call, std::memory_order_release);
-  control_->publish(rank_, Stage::kConsumed, call);
+  control_->rank(rank_).consumed.store(call, std::memory_order_release);
 }
 
 std::uint64_t SharedMemoryGroup::claim_block(std::uint64_t first, std::uint64_t blocks) {
