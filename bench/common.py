@@ -198,3 +198,21 @@ def median_slowest(samples):
         bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
         summary[name] = statistics.median(t.tolist())
     return summary
+
+
+def gather_json(value):
+    """[every rank's value] (JSON-serializable), on every rank. Collective."""
+    import torch
+
+    import bagua.torch_api as bagua
+
+    data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
+    sizes = torch.zeros(bagua.get_world_size(), dtype=torch.int64)
+    sizes[bagua.get_rank()] = data.numel()
+    bagua.allreduce_inplace(sizes)
+    padded = torch.zeros(int(sizes.max()), dtype=torch.uint8)
+    padded[:data.numel()] = data
+    gathered = torch.empty(padded.numel() * len(sizes), dtype=torch.uint8)
+    bagua.allgather(padded, gathered)
+    rows = gathered.view(len(sizes), -1)
+    return [json.loads(bytes(rows[r, :int(n)].tolist())) for r, n in enumerate(sizes.tolist())]

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from common import machine, quantiles  # noqa: E402
+from common import gather_json, machine, quantiles  # noqa: E402
 
 KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "gradient_allreduce_flat",
          "gradient_allreduce_hierarchical", "bytegrad", "bytegrad_hierarchical", "powersgd", "powersgd_8bit",
@@ -228,6 +228,14 @@ def step_breakdown(events, start_us, end_us):
     last_ready, backward_end = max(ready), backward[-1]["ts"] + backward[-1]["dur"]
     row = {"compute": last_ready - start_us}
     exposed = 0
+    phases = [e for e in inside if e.get("cat") == "op_phase"]
+
+    def nested(e):  # a phase inside another (shm.* inside hierarchical.*): counted by the outer one
+        end = e["ts"] + e.get("dur", 0)
+        return any(f is not e and f["ts"] <= e["ts"] and end <= f["ts"] + f.get("dur", 0)
+                   and f.get("dur", 0) > e.get("dur", 0) for f in phases)
+
+    inside = [e for e in inside if not (e.get("cat") == "op_phase" and nested(e))]
     for e in inside:
         end = e["ts"] + e.get("dur", 0)
         if e.get("cat") in ("op_phase", "comm_op") and end > last_ready:
@@ -399,23 +407,6 @@ def print_decisions(decisions):
         print(f"{'auto':>20} step {d.get('step', '-')}: {d['choice']} (predicted {fmt(predicted)}, "
               f"measured {fmt(measured)} ms): {d['reason']}")
 
-
-def gather_json(value):
-    """[every rank's value] (JSON-serializable), on every rank. Collective."""
-    import torch
-
-    import bagua.torch_api as bagua
-
-    data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
-    sizes = torch.zeros(bagua.get_world_size(), dtype=torch.int64)
-    sizes[bagua.get_rank()] = data.numel()
-    bagua.allreduce_inplace(sizes)
-    padded = torch.zeros(int(sizes.max()), dtype=torch.uint8)
-    padded[:data.numel()] = data
-    gathered = torch.empty(padded.numel() * len(sizes), dtype=torch.uint8)
-    bagua.allgather(padded, gathered)
-    rows = gathered.view(len(sizes), -1)
-    return [json.loads(bytes(rows[r, :int(n)].tolist())) for r, n in enumerate(sizes.tolist())]
 
 
 def print_breakdown(per_rank):

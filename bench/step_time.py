@@ -49,7 +49,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import BusyLoad, interleaved_steps, launch, machine, quantiles, timed_stages  # noqa: E402
+from common import BusyLoad, gather_json, interleaved_steps, launch, machine, quantiles, timed_stages  # noqa: E402
 
 MODELS = {
     # a few large tensors: 3 x 1024-wide layers, 8 tensors, 2.1 M parameters
@@ -222,23 +222,6 @@ def breakdowns(events, windows, stages, skip):
                 "step_this_rank": statistics.fmean(b - a for a, b in spans[skip:]) / 1e3}
     return result
 
-
-def gather_json(value):
-    """[every rank's value] (JSON-serializable), on every rank. Collective."""
-    import torch
-
-    import bagua.torch_api as bagua
-
-    data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
-    sizes = torch.zeros(bagua.get_world_size(), dtype=torch.int64)
-    sizes[bagua.get_rank()] = data.numel()
-    bagua.allreduce_inplace(sizes)
-    padded = torch.zeros(int(sizes.max()), dtype=torch.uint8)
-    padded[:data.numel()] = data
-    gathered = torch.empty(padded.numel() * len(sizes), dtype=torch.uint8)
-    bagua.allgather(padded, gathered)
-    rows = gathered.view(len(sizes), -1)
-    return [json.loads(bytes(rows[r, :int(n)].tolist())) for r, n in enumerate(sizes.tolist())]
 
 
 def worker(args):
