@@ -136,23 +136,39 @@ def interleaved_steps(runs, batches, steps):
     each, so drift in machine load hits every kind alike. Returns {kind:
     {stage: [seconds per step]}} with each step's maximum over ranks (the
     slowest rank sets the pace). Collective."""
+    return interleaved_windows(runs, batches, steps)[0]
+
+
+def interleaved_windows(runs, batches, steps, clock=None, counters=None):
+    """As interleaved_steps, also returning each step's window on the
+    timeline `clock` ({kind: [(start_us, end_us) per step, this rank]}; 0s
+    without one). `counters` ({stage: fn(model)}, numbers that only grow
+    unless restarted, e.g. seconds a model's ops ran) add the increase over
+    each step as a stage; a restart counts all of the new value."""
     import torch
 
     import bagua.torch_api as bagua
 
-    samples = {kind: [] for kind in runs}
+    samples, windows = {kind: [] for kind in runs}, {kind: [] for kind in runs}
     for i in range(steps):
         batch = batches[i % len(batches)]
         for kind, (model, opt) in runs.items():
             bagua.barrier()
-            samples[kind].append(timed_stages(model, opt, batch))
+            before = {name: fn(model) for name, fn in (counters or {}).items()}
+            start_us = clock.now_us() if clock else 0
+            row = timed_stages(model, opt, batch)
+            windows[kind].append((start_us, clock.now_us() if clock else 0))
+            for name, fn in (counters or {}).items():
+                after = fn(model)
+                row[name] = 0.0 if after is None else (after - before[name] if after >= before[name] else after)
+            samples[kind].append(row)
     result = {}
     for kind, rows in samples.items():
         stages = list(rows[0])
         t = torch.tensor([[row[s] for s in stages] for row in rows], dtype=torch.float64)
         bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
         result[kind] = {s: t[:, j].tolist() for j, s in enumerate(stages)}
-    return result
+    return result, windows
 
 
 def quantiles(values):

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from common import gather_json, machine, quantiles  # noqa: E402
+from common import gather_json, interleaved_windows, machine, quantiles  # noqa: E402
 
 KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "gradient_allreduce_flat",
          "gradient_allreduce_hierarchical", "bytegrad", "bytegrad_hierarchical", "powersgd", "powersgd_8bit",
@@ -178,39 +178,6 @@ def comm_op_seconds(model):
     stats = model.bagua_ddp.communication_stats()
     return sum(op["total_seconds"] for bucket in stats["buckets"] for op in bucket["ops"])
 
-
-def timed_steps(runs, batches, steps, clock=None):
-    """As common.interleaved_steps (every kind's step in turn, a barrier
-    before each), also recording per step the seconds of each bagua kind's
-    bucket ops and, with a timeline ``clock``, each step's window on it.
-    Returns ({kind: {stage: [seconds per step, slowest rank]}}, {kind:
-    [(start_us, end_us) per step, this rank]})."""
-    import torch
-
-    import bagua.torch_api as bagua
-    from common import timed_stages
-
-    rows = {kind: [] for kind in runs}
-    windows = {kind: [] for kind in runs}
-    for i in range(steps):
-        batch = batches[i % len(batches)]
-        for kind, (model, opt) in runs.items():
-            bagua.barrier()
-            before = comm_op_seconds(model)
-            start_us = clock.now_us() if clock else 0
-            row = timed_stages(model, opt, batch)
-            windows[kind].append((start_us, clock.now_us() if clock else 0))
-            after = comm_op_seconds(model)
-            # a rebuild (auto's switch) restarts the count: then all of it is this step's
-            row["comm_op"] = 0.0 if after is None else (after - before if after >= before else after)
-            rows[kind].append(row)
-    result = {}
-    for kind, samples in rows.items():
-        stages = list(samples[0])
-        t = torch.tensor([[row[s] for s in stages] for row in samples], dtype=torch.float64)
-        bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
-        result[kind] = {s: t[:, j].tolist() for j, s in enumerate(stages)}
-    return result, windows
 
 
 def step_breakdown(events, start_us, end_us):
@@ -361,7 +328,7 @@ def worker(args):
     runs = {kind: make_run(kind, args.rank, args.lr, args.model) for kind in args.kinds.split(",")}
     math = factor_math(next(iter(runs.values()))[0], args.rank)
     clock = timeline.get(rank)  # with --breakdown (BAGUA_TIMELINE set)
-    samples, windows = timed_steps(runs, batches, args.steps, clock)
+    samples, windows = interleaved_windows(runs, batches, args.steps, clock, {"comm_op": comm_op_seconds})
     result = {}
     for kind, stages in samples.items():
         result[kind] = quantiles(stages["total"][args.skip_steps:])

@@ -49,7 +49,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import BusyLoad, gather_json, interleaved_steps, launch, machine, quantiles, timed_stages  # noqa: E402
+from common import BusyLoad, gather_json, interleaved_steps, interleaved_windows, launch, machine, quantiles  # noqa: E402
 
 MODELS = {
     # a few large tensors: 3 x 1024-wide layers, 8 tensors, 2.1 M parameters
@@ -139,29 +139,6 @@ def summarize(samples):
             for kind, stages in samples.items()}
 
 
-def timed_windows(runs, batches, steps, clock):
-    """As common.interleaved_steps, also returning each step's window on the
-    timeline ``clock``: ({kind: {stage: [s, slowest rank]}}, {kind:
-    [(start_us, end_us), this rank]})."""
-    import torch
-
-    import bagua.torch_api as bagua
-
-    rows, windows = {kind: [] for kind in runs}, {kind: [] for kind in runs}
-    for i in range(steps):
-        for kind, (model, opt) in runs.items():
-            bagua.barrier()
-            start_us = clock.now_us()
-            rows[kind].append(timed_stages(model, opt, batches[i % len(batches)]))
-            windows[kind].append((start_us, clock.now_us()))
-    result = {}
-    for kind, samples in rows.items():
-        stages = list(samples[0])
-        t = torch.tensor([[row[s] for s in stages] for row in samples], dtype=torch.float64)
-        bagua.allreduce_inplace(t, op=bagua.ReduceOp.MAX)
-        result[kind] = {s: t[:, j].tolist() for j, s in enumerate(stages)}
-    return result, windows
-
 
 def _overlap(event, lo, hi):
     """Microseconds of the span ``event`` inside [lo, hi)."""
@@ -247,7 +224,7 @@ def worker(args):
         if clock is None:
             samples = interleaved_steps(runs, batches, args.steps)
         else:
-            samples, windows = timed_windows(runs, batches, args.steps, clock)
+            samples, windows = interleaved_windows(runs, batches, args.steps, clock)
         params = build_model(spec).parameters()
         results[model_name] = {"stages": summarize(samples), "tensors": len(list(params))}
         if clock is not None:
