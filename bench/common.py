@@ -232,3 +232,16 @@ def gather_json(value):
     bagua.allgather(padded, gathered)
     rows = gathered.view(len(sizes), -1)
     return [json.loads(bytes(rows[r, :int(n)].tolist())) for r, n in enumerate(sizes.tolist())]
+
+
+def step_window(events, start_us, end_us):
+    """One training step on a rank's timeline (Chrome trace events): (the
+    events that start in it, when its last gradient was marked ready, when
+    its backward returned), in microseconds; None for a step without
+    gradients marked ready (DDP, local)."""
+    inside = [e for e in events if start_us <= e.get("ts", -1) < end_us]
+    ready = [e["ts"] for e in inside if e.get("cat") == "tensor_ready"]
+    backward = [e for e in inside if e.get("cat") == "phase" and e["name"] == "backward"]
+    if not ready or not backward:
+        return None
+    return inside, max(ready), backward[-1]["ts"] + backward[-1]["dur"]

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from common import gather_json, interleaved_windows, machine, quantiles  # noqa: E402
+from common import gather_json, interleaved_windows, machine, quantiles, step_window  # noqa: E402
 
 KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "gradient_allreduce_flat",
          "gradient_allreduce_hierarchical", "bytegrad", "bytegrad_hierarchical", "powersgd", "powersgd_8bit",
@@ -187,12 +187,10 @@ def step_breakdown(events, start_us, end_us):
     (PowerSGD's factor passes and exchanges; other ops whole) and the rest
     of that wait (hand-offs between the threads, waking), and the optimizer
     step; None for a step without gradients marked ready (DDP, local)."""
-    inside = [e for e in events if start_us <= e.get("ts", -1) < end_us]
-    ready = [e["ts"] for e in inside if e.get("cat") == "tensor_ready"]
-    backward = [e for e in inside if e.get("cat") == "phase" and e["name"] == "backward"]
-    if not ready or not backward:
+    window = step_window(events, start_us, end_us)
+    if window is None:
         return None
-    last_ready, backward_end = max(ready), backward[-1]["ts"] + backward[-1]["dur"]
+    inside, last_ready, backward_end = window
     row = {"compute": last_ready - start_us}
     exposed = 0
     phases = [e for e in inside if e.get("cat") == "op_phase"]

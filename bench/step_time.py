@@ -49,7 +49,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import BusyLoad, gather_json, interleaved_steps, interleaved_windows, launch, machine, quantiles  # noqa: E402
+from common import (BusyLoad, gather_json, interleaved_steps, interleaved_windows, launch,  # noqa: E402
+                    machine, quantiles, step_window)
 
 MODELS = {
     # a few large tensors: 3 x 1024-wide layers, 8 tensors, 2.1 M parameters
@@ -149,12 +150,10 @@ def step_parts(events, start_us, end_us):
     """Where one bagua step went on this rank (ms): see the module docstring.
     ``ops_during_compute`` overlaps ``compute``; the parts after it add up
     to the step."""
-    inside = [e for e in events if start_us <= e.get("ts", -1) < end_us]
-    ready = [e["ts"] for e in inside if e.get("cat") == "tensor_ready"]
-    backward = [e for e in inside if e.get("cat") == "phase" and e["name"] == "backward"]
-    if not ready or not backward:
+    window = step_window(events, start_us, end_us)
+    if window is None:
         return None
-    last_ready, backward_end = max(ready), backward[-1]["ts"] + backward[-1]["dur"]
+    inside, last_ready, backward_end = window
     ops = [e for e in inside if e.get("cat") == "comm_op"]
     phases = [e for e in inside if e.get("cat") == "op_phase"]
     row = {"compute": last_ready - start_us,
