@@ -18,7 +18,7 @@ import torch
 from bagua.torch_api import InvalidArgumentError, get_local_size
 from bagua.torch_api._core import core
 from bagua.torch_api.algorithms._ripples_engine import Group
-from bagua.torch_api.algorithms.base import check_choice, check_flags, check_integer
+from bagua.torch_api.algorithms.base import ArgumentChecks
 
 __all__ = ["GroupGenerator"]
 
@@ -40,14 +40,15 @@ class GroupGenerator:
         from bagua.torch_api.communication import _get_default_group
         group = process_group or _get_default_group()
         world = group.get_size()
-        check_integer("GroupGenerator", "group_size", group_size, 2)
-        check_choice("GroupGenerator", "mode", mode, ("random", "smart"))
+        check = ArgumentChecks("GroupGenerator")
+        check.integer("group_size", group_size, 2)
+        check.choice("mode", mode, ("random", "smart"))
         if slowdown_threshold is not None:
-            check_integer("GroupGenerator", "slowdown_threshold", slowdown_threshold, 1)
+            check.integer("slowdown_threshold", slowdown_threshold, 1)
         local_size = local_size or get_local_size() or world
         if inter_intra is None:
             inter_intra = mode == "smart" and local_size < world
-        check_flags("GroupGenerator", inter_intra=inter_intra)
+        check.flags(inter_intra=inter_intra)
         if mode != "smart" and (inter_intra or slowdown_threshold is not None):
             raise InvalidArgumentError(
                 f"GroupGenerator: inter_intra and slowdown_threshold need mode 'smart', got mode {mode!r}")

@@ -27,15 +27,7 @@ from typing import List, Optional
 import torch
 
 from bagua.torch_api import BaguaError, ReduceOp, allreduce_inplace, timeline
-from bagua.torch_api.algorithms.base import (
-    Algorithm,
-    AlgorithmImpl,
-    check_choice,
-    check_flags,
-    check_integer,
-    do_nothing,
-    weight_tensors,
-)
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, ArgumentChecks, do_nothing, weight_tensors
 
 __all__ = ["AsyncModelAverageAlgorithm", "AsyncModelAverageAlgorithmImpl", "DEFAULT_MAX_STALENESS_STEPS"]
 
@@ -284,11 +276,12 @@ class AsyncModelAverageAlgorithm(Algorithm):
                 None: never wait (Bagua's behaviour, drift set by the machine's
                 timing). Smaller is closer to synchronous training and slower.
         """
-        check_choice(type(self).__name__, "peer_selection_mode", peer_selection_mode, ("all",))
-        check_integer(type(self).__name__, "sync_interval_ms", sync_interval_ms, 0)
-        check_integer(type(self).__name__, "warmup_steps", warmup_steps, 0)
+        check = ArgumentChecks(type(self).__name__)
+        check.choice("peer_selection_mode", peer_selection_mode, ("all",))
+        check.integer("sync_interval_ms", sync_interval_ms, 0)
+        check.integer("warmup_steps", warmup_steps, 0)
         if max_staleness_steps is not None:
-            check_integer(type(self).__name__, "max_staleness_steps", max_staleness_steps, 1,
+            check.integer("max_staleness_steps", max_staleness_steps, 1,
                           " (None: unbounded)")
         self.keep_settings(peer_selection_mode=peer_selection_mode, sync_interval_ms=sync_interval_ms,
                            warmup_steps=warmup_steps, max_staleness_steps=max_staleness_steps)
@@ -300,7 +293,7 @@ class AsyncModelAverageAlgorithm(Algorithm):
         average: then average the weights once, synchronously, so that every
         rank holds the same model (collective: every rank must call
         ``abort(model, average=True)``). Optimizer states are not averaged."""
-        check_flags(type(self).__name__ + ".abort", average=average)
+        ArgumentChecks(type(self).__name__ + ".abort").flags(average=average)
         bagua_module.bagua_ddp.bagua_algorithm_impl.abort(bagua_module.bagua_ddp, average=average)
 
     def stats(self, bagua_module) -> dict:

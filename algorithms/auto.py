@@ -45,7 +45,7 @@ import torch
 
 import bagua.torch_api as bagua
 from bagua.torch_api._core import core, log, tensor_view
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_choice, check_integer
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, ArgumentChecks
 from bagua.torch_api.algorithms.bytegrad import ByteGradAlgorithm
 from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
 from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm, PowerSGDAlgorithmImpl, compresses
@@ -529,12 +529,13 @@ class AutoAlgorithm(Algorithm):
         """
         if not candidates or isinstance(candidates, str):
             raise InvalidArgumentError(f"AutoAlgorithm: candidates must be a list of names from {CANDIDATES}")
+        check = ArgumentChecks(type(self).__name__)
         for name in candidates:
-            check_choice(type(self).__name__, "candidates", name, CANDIDATES)
-        check_integer(type(self).__name__, "decide_after", decide_after, 1)
-        check_integer(type(self).__name__, "verify_steps", verify_steps, 1)
-        check_integer(type(self).__name__, "powersgd_rank", powersgd_rank, 1)
-        check_integer(type(self).__name__, "powersgd_start_iter", powersgd_start_iter, 0)
+            check.choice("candidates", name, CANDIDATES)
+        check.integer("decide_after", decide_after, 1)
+        check.integer("verify_steps", verify_steps, 1)
+        check.integer("powersgd_rank", powersgd_rank, 1)
+        check.integer("powersgd_start_iter", powersgd_start_iter, 0)
         if overlap is not None and (not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1):
             raise InvalidArgumentError(
                 f"AutoAlgorithm: overlap must be None or a number in [0, 1], got {overlap!r}")

@@ -26,26 +26,32 @@ __all__ = ["Algorithm", "AlgorithmImpl", "GlobalAlgorithmRegistry"]
 
 
 # -- argument checks (in Algorithm constructors, before training starts) ---
-def check_flags(algorithm: str, **flags) -> None:
-    """Raises InvalidArgumentError unless every flag is True or False."""
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise InvalidArgumentError(f"{algorithm}: {name} must be True or False, got {value!r}")
+class ArgumentChecks:
+    """The argument checks of one algorithm, with one wording: each raises
+    InvalidArgumentError with a message that begins with ``owner`` (the
+    algorithm's class name, or e.g. ``"PartialAllReduceAlgorithm.abort"``)."""
 
+    def __init__(self, owner: str):
+        self.owner = owner
 
-def check_integer(algorithm: str, name: str, value, minimum: int, why: str = "") -> None:
-    """Raises InvalidArgumentError unless ``value`` is an int >= ``minimum``
-    (bools are not integers here); ``why`` is appended to the message."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidArgumentError(
-            f"{algorithm}: {name} must be an integer >= {minimum}, got {value!r}{why}")
+    def flags(self, **flags) -> None:
+        """Every flag is True or False."""
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(f"{self.owner}: {name} must be True or False, got {value!r}")
 
+    def integer(self, name: str, value, minimum: int, why: str = "") -> None:
+        """``value`` is an int >= ``minimum`` (bools are not integers here);
+        ``why`` is appended to the message."""
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise InvalidArgumentError(
+                f"{self.owner}: {name} must be an integer >= {minimum}, got {value!r}{why}")
 
-def check_choice(algorithm: str, name: str, value, choices: Sequence[str]) -> None:
-    """Raises InvalidArgumentError unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise InvalidArgumentError(
-            f"{algorithm}: {name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    def choice(self, name: str, value, choices: Sequence[str]) -> None:
+        """``value`` is one of ``choices``."""
+        if value not in choices:
+            raise InvalidArgumentError(
+                f"{self.owner}: {name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
 # -- shared pieces of the implementations -----------------------------------

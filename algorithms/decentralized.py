@@ -24,9 +24,7 @@ from bagua.torch_api._core import InvalidArgumentError
 from bagua.torch_api.algorithms.base import (
     Algorithm,
     AlgorithmImpl,
-    check_choice,
-    check_flags,
-    check_integer,
+    ArgumentChecks,
     do_nothing,
     is_communication_step,
     weight_tensors,
@@ -182,8 +180,9 @@ class LowPrecisionDecentralizedAlgorithm(Algorithm):
                 to its out-neighbours. Dynamic schedules are not supported.
         """
         name = type(self).__name__
-        check_flags(name, hierarchical=hierarchical)
-        check_integer(name, "communication_interval", communication_interval, 1)
+        check = ArgumentChecks(name)
+        check.flags(hierarchical=hierarchical)
+        check.integer("communication_interval", communication_interval, 1)
         if topology is not None:
             if not hasattr(topology, "predecessors"):
                 raise InvalidArgumentError(
@@ -348,9 +347,10 @@ class DecentralizedAlgorithm(Algorithm):
                 ``topology_util.GetDynamicOnePeerSendRecvRanks(graph, rank)``).
         """
         name = type(self).__name__
-        check_flags(name, hierarchical=hierarchical)
-        check_choice(name, "peer_selection_mode", peer_selection_mode, PEER_SELECTION_MODES)
-        check_integer(name, "communication_interval", communication_interval, 1)
+        check = ArgumentChecks(name)
+        check.flags(hierarchical=hierarchical)
+        check.choice("peer_selection_mode", peer_selection_mode, PEER_SELECTION_MODES)
+        check.integer("communication_interval", communication_interval, 1)
         if topology is not None and (hierarchical or peer_selection_mode != "all"):
             raise InvalidArgumentError(f"{name}: a topology sets the peers of every rank; pass "
                                        "hierarchical=False and no peer_selection_mode with it")

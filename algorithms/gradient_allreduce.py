@@ -4,7 +4,7 @@ Every gradient is averaged (or summed) over all ranks with C_FP_S while
 backward still runs; all ranks then take the same optimizer step.
 """
 
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, ArgumentChecks
 
 __all__ = ["GradientAllReduceAlgorithm", "GradientAllReduceAlgorithmImpl"]
 
@@ -39,5 +39,5 @@ class GradientAllReduceAlgorithm(Algorithm):
                 docs/benchmarks.md, "Across hosts").
             average: average the gradients (True) or sum them (False).
         """
-        check_flags(type(self).__name__, hierarchical=hierarchical, average=average)
+        ArgumentChecks(type(self).__name__).flags(hierarchical=hierarchical, average=average)
         self.keep_settings(hierarchical=hierarchical, average=average)

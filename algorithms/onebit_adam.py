@@ -7,7 +7,7 @@ and the optimizer's when the second moment freezes; here one number does
 both, so a value given to the algorithm becomes the optimizer's.
 """
 
-from bagua.torch_api.algorithms.base import check_integer
+from bagua.torch_api.algorithms.base import ArgumentChecks
 from bagua.torch_api.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
 
 __all__ = ["OnebitAdamAlgorithm", "OnebitAdamOptimizer"]
@@ -26,7 +26,7 @@ class OnebitAdamOptimizer(QAdamOptimizer):
 class OnebitAdamAlgorithm(QAdamAlgorithm):
     def __init__(self, onebit_optimizer: QAdamOptimizer, warmup_steps=None, hierarchical_reduce: bool = True):
         if warmup_steps is not None:
-            check_integer("OnebitAdamAlgorithm", "warmup_steps", warmup_steps, 1,
+            ArgumentChecks("OnebitAdamAlgorithm").integer("warmup_steps", warmup_steps, 1,
                           " (the second moment needs full-precision steps before it is frozen)")
             onebit_optimizer.warmup_steps = warmup_steps
         super().__init__(onebit_optimizer, hierarchical=hierarchical_reduce)

@@ -34,15 +34,7 @@ from bagua.torch_api import InvalidArgumentError, get_local_size
 from bagua.torch_api._core import core, tensor_view
 from bagua.torch_api.algorithms._ripples_engine import Group, GroupGeneratorEngine, static_schedule
 from bagua.torch_api.algorithms._ripples_service import GroupGenerator, _StaticProgress, group_stats
-from bagua.torch_api.algorithms.base import (
-    Algorithm,
-    AlgorithmImpl,
-    check_choice,
-    check_flags,
-    check_integer,
-    do_nothing,
-    weight_tensors,
-)
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, ArgumentChecks, do_nothing, weight_tensors
 
 __all__ = ["PartialAllReduceAlgorithm", "PartialAllReduceAlgorithmImpl", "GroupGenerator",
            "GroupGeneratorEngine", "Group", "HistoryEntry", "static_schedule"]
@@ -430,23 +422,24 @@ class PartialAllReduceAlgorithm(Algorithm):
                 (about a quarter of the bytes; the members still end bit-identical).
         """
         name = type(self).__name__
-        check_integer(name, "group_size", group_size, 2)
-        check_choice(name, "group_generator", group_generator, GENERATORS)
+        check = ArgumentChecks(name)
+        check.integer("group_size", group_size, 2)
+        check.choice("group_generator", group_generator, GENERATORS)
         if slowdown_threshold is not None:
-            check_integer(name, "slowdown_threshold", slowdown_threshold, 1)
+            check.integer("slowdown_threshold", slowdown_threshold, 1)
             if group_generator != "smart":
                 raise InvalidArgumentError(
                     f"{name}: slowdown_threshold needs group_generator 'smart', got {group_generator!r}")
         if inter_intra is not None:
-            check_flags(name, inter_intra=inter_intra)
+            check.flags(inter_intra=inter_intra)
             if inter_intra and group_generator != "smart":
                 raise InvalidArgumentError(
                     f"{name}: inter_intra needs group_generator 'smart', got {group_generator!r}")
-        check_integer(name, "communication_interval", communication_interval, 1)
-        check_flags(name, overlap=overlap)
-        check_integer(name, "warmup_steps", warmup_steps, 0)
-        check_integer(name, "seed", seed, 0)
-        check_flags(name, low_precision=low_precision)
+        check.integer("communication_interval", communication_interval, 1)
+        check.flags(overlap=overlap)
+        check.integer("warmup_steps", warmup_steps, 0)
+        check.integer("seed", seed, 0)
+        check.flags(low_precision=low_precision)
         self.keep_settings(group_size=group_size, group_generator=group_generator,
                            slowdown_threshold=slowdown_threshold, inter_intra=inter_intra,
                            communication_interval=communication_interval, overlap=overlap,
@@ -468,7 +461,7 @@ class PartialAllReduceAlgorithm(Algorithm):
         rank ends near the others' average. A lingering rank that nobody
         chooses for half of BAGUA_COMM_TIMEOUT_S (the others stopped
         requesting groups) returns then. ``linger=False`` leaves at once."""
-        check_flags("PartialAllReduceAlgorithm.abort", linger=linger)
+        ArgumentChecks("PartialAllReduceAlgorithm.abort").flags(linger=linger)
         self._impl(bagua_module).abort(bagua_module.bagua_ddp, linger)
 
     def resume(self, bagua_module) -> None:

@@ -41,7 +41,7 @@ from typing import Dict
 
 import torch
 
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags, check_integer
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, ArgumentChecks
 from bagua.torch_api import InvalidArgumentError
 
 __all__ = ["PowerSGDAlgorithm", "PowerSGDAlgorithmImpl", "initial_q", "orthogonalize", "compresses"]
@@ -240,9 +240,10 @@ class PowerSGDAlgorithm(Algorithm):
                 2-core machine of docs/benchmarks.md one bucket was 1.07-1.10x
                 faster at 100 Mbit/s.
         """
-        check_integer(type(self).__name__, "rank", rank, 1)
-        check_integer(type(self).__name__, "start_iter", start_iter, 0)
-        check_flags(type(self).__name__, error_feedback=error_feedback, warm_start=warm_start,
+        check = ArgumentChecks(type(self).__name__)
+        check.integer("rank", rank, 1)
+        check.integer("start_iter", start_iter, 0)
+        check.flags(error_feedback=error_feedback, warm_start=warm_start,
                     low_precision=low_precision, one_bucket=one_bucket)
         if not isinstance(min_compression_rate, (int, float)) or min_compression_rate < 1:
             raise InvalidArgumentError(

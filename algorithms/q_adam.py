@@ -35,7 +35,7 @@ from typing import List, Tuple
 import torch
 
 from bagua.torch_api import InvalidArgumentError
-from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, check_flags, check_integer
+from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, ArgumentChecks
 
 __all__ = ["QAdamOptimizer", "QAdamAlgorithm", "QAdamAlgorithmImpl"]
 
@@ -57,7 +57,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, warmup_steps: int = 100,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
-        check_integer("QAdamOptimizer", "warmup_steps", warmup_steps, 1,
+        ArgumentChecks("QAdamOptimizer").integer("warmup_steps", warmup_steps, 1,
                       " (the second moment needs full-precision steps before it is frozen)")
         if not lr > 0.0:
             raise InvalidArgumentError(f"QAdamOptimizer: lr must be positive, got {lr!r}")
@@ -259,7 +259,7 @@ class QAdamAlgorithm(Algorithm):
         if not isinstance(q_adam_optimizer, QAdamOptimizer):
             raise InvalidArgumentError(
                 f"QAdamAlgorithm needs a QAdamOptimizer, got {type(q_adam_optimizer).__name__}")
-        check_flags(type(self).__name__, hierarchical=hierarchical)
+        ArgumentChecks(type(self).__name__).flags(hierarchical=hierarchical)
         self.optimizer = q_adam_optimizer
         self.hierarchical = hierarchical
 

@@ -25,10 +25,10 @@ enum Op : std::int64_t { kPut = 1, kAccumulate = 2, kGet = 3, kLock = 4, kUnlock
 // Why a target refused a request (the reply's status).
 enum Status : std::int64_t {
   kOk = 0,
-  kNoWindow = 1,
-  kNoBuffer = 2,
-  kWrongSize = 3,
-  kNotHolder = 4,
+  kNoWindow = 1,   // the target has no window of that name
+  kNoBuffer = 2,   // the requester is not its in-neighbour: no buffer kept for it
+  kWrongSize = 3,  // the target's window holds another number of bytes
+  kNotHolder = 4,  // a mutex release by a rank that does not hold the mutex
 };
 
 inline std::string_view op_name(std::int64_t op) {

@@ -142,6 +142,10 @@ def scenario_primitives(out_dir):
             ref_list = [torch.empty(n, dtype=ref_dtype) for _ in range(world)]
             dist.all_gather(ref_list, x.to(ref_dtype))
             results[f"allgather/{key}"] = (gathered, torch.cat(ref_list).to(dtype))
+            in_place = torch.zeros(n * world, dtype=dtype)
+            in_place[rank * n:(rank + 1) * n] = x
+            bagua.allgather_inplace(in_place)
+            results[f"allgather_inplace/{key}"] = (in_place, torch.cat(ref_list).to(dtype))
 
             gathered = torch.zeros(n * world, dtype=dtype)
             bagua.gather(x, gathered, dst=0)
@@ -160,9 +164,13 @@ def scenario_primitives(out_dir):
             whole = _inputs(dtype, rank + 200, n * world)
             part = torch.zeros(n, dtype=dtype)
             bagua.reduce_scatter(whole, part)
+            in_place = whole.clone()
+            bagua.reduce_scatter_inplace(in_place)
             ref = whole.to(torch.float64)
             dist.all_reduce(ref)  # Gloo has no reduce_scatter: reduce then take our chunk
             results[f"reduce_scatter/{key}"] = (part, ref[rank * n:(rank + 1) * n].to(dtype))
+            results[f"reduce_scatter_inplace/{key}"] = (in_place[rank * n:(rank + 1) * n],
+                                                        ref[rank * n:(rank + 1) * n].to(dtype))
 
             send = _inputs(dtype, rank + 300, n * world)
             recv = torch.zeros_like(send)

@@ -254,6 +254,11 @@ class _Call:
                 f"{self.op}: {tensor.numel()} elements do not split into {self.size} equal chunks")
         return tensor.numel() // self.size
 
+    def own_chunk(self, tensor):
+        """This rank's chunk of ``tensor`` (chunk ``rank``), a view."""
+        chunk = self.check_chunks(tensor)
+        return tensor.view(-1)[self.rank * chunk:(self.rank + 1) * chunk]
+
     def run(self, inputs, outputs, *args, verify=None, root: int = -1) -> None:
         """Runs the op on ``inputs`` then ``outputs`` (views, in that order)
         and ``args``; first, unless ``verify`` is None, every rank checks that
@@ -371,9 +376,7 @@ def allgather(send_tensor, recv_tensor, comm=None) -> None:
 def allgather_inplace(tensor, comm=None) -> None:
     """Each rank's chunk of ``tensor`` (chunk ``rank``) is gathered to all."""
     call = _Call("allgather_inplace", comm, tensor=tensor)
-    chunk = call.check_chunks(tensor)
-    mine = tensor.view(-1)[call.rank * chunk:(call.rank + 1) * chunk].clone()
-    allgather(mine, tensor, comm)
+    allgather(call.own_chunk(tensor).clone(), tensor, comm)
 
 
 @_agreed
@@ -406,10 +409,10 @@ def reduce_scatter(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None) -> None
 def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, comm=None) -> None:
     """Chunk ``rank`` of ``tensor`` becomes the reduction of that chunk over ranks."""
     call = _Call("reduce_scatter_inplace", comm, tensor=tensor)
-    chunk = call.check_chunks(tensor)
-    out = torch.empty(chunk, dtype=tensor.dtype, device=tensor.device)
+    mine = call.own_chunk(tensor)
+    out = torch.empty_like(mine)
     reduce_scatter(tensor, out, op, comm)
-    tensor.view(-1)[call.rank * chunk:(call.rank + 1) * chunk].copy_(out)
+    mine.copy_(out)
 
 
 @_agreed

@@ -106,11 +106,16 @@ class BaguaProcessGroup:
         one of them with several of its ranks (nodes from LOCAL_WORLD_SIZE, as
         get_hierarchical_communicators takes them). Otherwise a hierarchical
         reduction is the flat one with extra passes."""
+        nodes = self.node_of_each_rank()
+        return len(set(nodes)) > 1 and len(nodes) > len(set(nodes))
+
+    def node_of_each_rank(self) -> List[int]:
+        """The node of each of the group's ranks: consecutive global ranks form
+        a node of LOCAL_WORLD_SIZE ranks."""
         local_size = get_local_size()
         if local_size < 1:
             raise InvalidArgumentError(f"LOCAL_WORLD_SIZE must be >= 1, got {local_size}")
-        nodes = [rank // local_size for rank in self.ranks]
-        return len(set(nodes)) > 1 and len(nodes) > len(set(nodes))
+        return [rank // local_size for rank in self.ranks]
 
     def get_hierarchical_communicators(self):
         """The intra-node / inter-node pair over the bucket communicator, nodes
@@ -118,11 +123,7 @@ class BaguaProcessGroup:
         bucket_comm = self.get_bucket_communicator()
         with self._lock:
             if self._hierarchy is None:
-                local_size = get_local_size()
-                if local_size < 1:
-                    raise InvalidArgumentError(f"LOCAL_WORLD_SIZE must be >= 1, got {local_size}")
-                nodes = [rank // local_size for rank in self.ranks]
-                self._hierarchy = core.hierarchical_comms(bucket_comm, nodes)
+                self._hierarchy = core.hierarchical_comms(bucket_comm, self.node_of_each_rank())
             return self._hierarchy
 
     def __repr__(self) -> str:
