@@ -24,8 +24,9 @@ def ms(value: float) -> str:
     return f"{value * 1e3:.1f}"
 
 
-def kinds_table(runs: List[dict], rate: str) -> List[str]:
-    rows = ["| kind | median step ms (run 1 / run 2) | x DDP | test accuracy |", "| --- | --- | --- | --- |"]
+def kinds_table(runs: List[dict], rate: str, numbers: List[int]) -> List[str]:
+    named = " / ".join(f"run {n}" for n in numbers)
+    rows = [f"| kind | median step ms ({named}) | x DDP | test accuracy |", "| --- | --- | --- | --- |"]
     for kind in runs[0]["rates"][rate]:
         results = [run["rates"][rate][kind] for run in runs]
         ddp = [run["rates"][rate].get("ddp", {}).get("median") for run in runs]
@@ -58,11 +59,11 @@ def ratio(result: dict, kind: str, baseline: str, skip: int) -> str:
     return f"{ms(a)} / {ms(b)} = {a / b:.3f}{per_step}"
 
 
-def checks_table(runs: List[dict]) -> List[str]:
+def checks_table(runs: List[dict], numbers: List[int]) -> List[str]:
     rows = ["| rate | run | our best / DDP's best hook | auto / best candidate | auto's decisions "
             "(step: choice, predicted / measured ms) |", "| --- | --- | --- | --- | --- |"]
     for rate in runs[0]["rates"]:
-        for number, run in enumerate(runs, 1):
+        for number, run in zip(numbers, runs):
             result, skip = run["rates"][rate], run["config"]["skip_steps"]
             ours, hook = best(result, SYNCHRONOUS), best(result, HOOKS)
             first = f"{ratio(result, ours, hook, skip)}: {ours} / {hook}" if ours and hook else "n/a"
@@ -86,19 +87,23 @@ def decisions(auto) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="bench/slow_network.py reports (--out), in run order")
+    parser.add_argument("--numbers", default="", help="the runs' numbers in the tables, e.g. 3,4 (default 1, 2, ...)")
     args = parser.parse_args()
     runs = []
     for path in args.runs:
         with open(path) as f:
             runs.append(json.load(f))
+    numbers = [int(n) for n in args.numbers.split(",")] if args.numbers else list(range(1, len(runs) + 1))
+    if len(numbers) != len(runs):
+        parser.error(f"--numbers names {len(numbers)} runs, {len(runs)} given")
     config = runs[0]["config"]
     print(f"model {config.get('model', 'mlp')}, rank {config['rank']}, {config['steps']} steps, "
           f"median over steps {config['skip_steps'] + 1}-{config['steps']}")
     for rate in runs[0]["rates"]:
         print(f"\n**{rate}{'' if rate == 'loopback' else ' Mbit/s'}**\n")
-        print("\n".join(kinds_table(runs, rate)))
+        print("\n".join(kinds_table(runs, rate, numbers)))
     print()
-    print("\n".join(checks_table(runs)))
+    print("\n".join(checks_table(runs, numbers)))
 
 
 if __name__ == "__main__":
