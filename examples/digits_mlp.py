@@ -144,6 +144,19 @@ def gather_drift(stats, rank, world):
     return {f"{key}_{sub}" if sub else key: table[:, j].tolist() for j, (key, sub) in enumerate(DRIFT_FIGURES)}
 
 
+GROUP_FIGURES = ("executed", "executed_solo", "executed_mean_group_size", "waited_s")
+
+
+def gather_group_stats(stats, rank, world):
+    """Every rank's P-Reduce figures (the algorithm's stats()): how many
+    groups it averaged in, alone, their mean size. Collective."""
+    table = torch.zeros(world, len(GROUP_FIGURES), dtype=torch.float64)
+    for j, key in enumerate(GROUP_FIGURES):
+        table[rank, j] = stats[key]
+    bagua.allreduce_inplace(table)
+    return {key: table[:, j].tolist() for j, key in enumerate(GROUP_FIGURES)}
+
+
 def staleness(text):
     """--max-staleness-steps: an integer, or "none" for unbounded."""
     return None if text.lower() == "none" else int(text)
@@ -214,6 +227,7 @@ def main():
     progress.close()
     own_accuracies = None
     drift = None
+    groups = None
     if isinstance(algorithm, async_model_average.AsyncModelAverageAlgorithm):
         # Stop the background averaging on every rank, evaluate each rank's
         # own model, then (by default) average the weights once more so all
@@ -228,6 +242,7 @@ def main():
         # record of each rank's own model, then one final average.
         algorithm.abort(model)
         own_accuracies = evaluate_on_every_rank(model, x_test, y_test, rank, world)
+        groups = gather_group_stats(algorithm.stats(model), rank, world)
         with torch.no_grad():
             for param in model.parameters():
                 bagua.allreduce_inplace(param.data, op=bagua.ReduceOp.AVG)
@@ -247,7 +262,7 @@ def main():
                 json.dump({"algorithm": args.algorithm, "world_size": world, "epochs": args.epochs,
                            "test_accuracy": accuracy, "rank_accuracies": accuracies.tolist(),
                            "own_model_accuracies": None if own_accuracies is None else own_accuracies.tolist(),
-                           "train_seconds": elapsed, "async_stats": drift}, f, indent=2)
+                           "train_seconds": elapsed, "async_stats": drift, "group_stats": groups}, f, indent=2)
 
 
 if __name__ == "__main__":
