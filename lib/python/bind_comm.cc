@@ -3,9 +3,12 @@
 // and NCCL factories.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bagua/comm/communicator.h"
@@ -32,6 +35,7 @@ class PythonStore final : public Store {
   }
 
   std::vector<char> get(const std::string& key) override {
+    wait({key}, get_timeout());  // a get of a missing key would block the connection
     std::vector<char> result;
     call("get", key, [&] {
       std::string bytes = py::bytes(store_->attr("get")(key));
@@ -40,16 +44,70 @@ class PythonStore final : public Store {
     return result;
   }
 
+  // Polls with check() where the store has it, rather than one blocking
+  // wait: a c10d client holds its one connection for the whole of a wait,
+  // so two threads of one process rendezvousing two groups at once (two
+  // wrapped models trained from two threads) would each hold their
+  // process's connection while waiting for a key the other thread of the
+  // peer could not set: a deadlock across ranks.
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    call("wait", keys.empty() ? std::string() : keys.front(), [&] {
-      py::object timedelta = py::module_::import("datetime").attr("timedelta");
-      store_->attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
-    });
+    const std::string first = keys.empty() ? std::string() : keys.front();
+    bool can_check = false;
+    call("wait", first, [&] { can_check = py::hasattr(*store_, "check"); });
+    if (!can_check) {
+      call("wait", first, [&] {
+        py::object timedelta = py::module_::import("datetime").attr("timedelta");
+        store_->attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
+      });
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::microseconds(100);
+    for (;;) {
+      bool present = false;
+      call("wait", first, [&] { present = store_->attr("check")(keys).cast<bool>(); });
+      if (present) return;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw StoreError(fmt::format("store wait '{}' failed: not set within {} ms", first,
+                                     timeout.count()));
+      }
+      if (PyGILState_Check() != 0) {
+        py::gil_scoped_release released;  // a caller holding the GIL must not stall Python
+        std::this_thread::sleep_for(pause);
+      } else {
+        std::this_thread::sleep_for(pause);
+      }
+      pause = std::min(pause * 2, std::chrono::microseconds(5000));
+    }
   }
 
  private:
+  // The store's own timeout (c10d's `timeout` property), else the runtime's.
+  std::chrono::milliseconds get_timeout() {
+    std::chrono::milliseconds timeout = std::chrono::seconds(300);
+    call("get", "timeout", [&] {
+      if (py::hasattr(*store_, "timeout")) {
+        timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
+            store_->attr("timeout").attr("total_seconds")().cast<double>() * 1000));
+      }
+    });
+    return timeout;
+  }
+
+  // One call at a time per process: torch 1.13's TCPStore client is not
+  // safe to use from two threads at once (their replies cross). The mutex
+  // is taken before the GIL, never while holding it, so a thread waiting
+  // for the mutex never blocks the one holding it.
   template <typename Fn>
   void call(const char* what, const std::string& key, Fn&& fn) {
+    static std::mutex calls;
+    std::unique_lock lock(calls, std::defer_lock);
+    if (PyGILState_Check() != 0) {
+      py::gil_scoped_release released;
+      lock.lock();
+    } else {
+      lock.lock();
+    }
     py::gil_scoped_acquire gil;
     try {
       fn();

@@ -113,13 +113,13 @@ class Autotuner:
 
     def _agree(self, value: int) -> int:
         tensor = torch.tensor([value], dtype=torch.int64)
-        broadcast(tensor, 0, comm=self.ddp.process_group)
+        broadcast(tensor, 0, comm=self.ddp.engine_group)
         return int(tensor.item())
 
     def _median_slowest_step(self, step_times: List[float]) -> float:
         """Median over the window's steps of the slowest rank's step time."""
         tensor = torch.tensor(step_times, dtype=torch.float64)
-        allreduce_inplace(tensor, op=ReduceOp.MAX, comm=self.ddp.process_group)
+        allreduce_inplace(tensor, op=ReduceOp.MAX, comm=self.ddp.engine_group)
         return float(tensor.median().item())
 
     # -- the state machine ----------------------------------------------------

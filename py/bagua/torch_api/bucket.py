@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from bagua.torch_api._core import InvalidArgumentError, core, device_name, dtype_name, tensor_view
-from bagua.torch_api.process_group import _get_default_group
+from bagua.torch_api.process_group import group_for_ops
 from bagua.torch_api.communication import calls_known_to_match
 from bagua.torch_api.tensor import BaguaTensor
 
@@ -438,4 +438,5 @@ def _check_floating(dtype, what):
 
 
 def _group_or_default(group):
-    return group if group is not None else _get_default_group()
+    # Inside an engine's bucket building, the engine's own connections.
+    return group_for_ops(group)

@@ -15,6 +15,7 @@ import ipaddress
 import os
 import socket
 import threading
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import List, Optional, Sequence
 
@@ -126,8 +127,72 @@ class BaguaProcessGroup:
                 self._hierarchy = core.hierarchical_comms(bucket_comm, self.node_of_each_rank())
             return self._hierarchy
 
+    def engine_group(self) -> "EngineGroup":
+        """The same ranks over connections of their own, for one wrapped
+        module (see :class:`EngineGroup`). Collective over the group's
+        members."""
+        return EngineGroup(self)
+
     def __repr__(self) -> str:
         return f"BaguaProcessGroup({self.group_name}, ranks={self.ranks})"
+
+
+class EngineGroup(BaguaProcessGroup):
+    """A process group's ranks as one wrapped module sees them: the same
+    ranks, over communicators of its own.
+
+    Every engine runs its buckets on a communication thread of its own, in
+    its own registration order. Two engines sharing one connection would
+    issue their collectives on it in whatever order their threads reach it,
+    which differs across ranks when two models' backwards overlap (a GAN, a
+    teacher and a student, ``loss(A(x) + B(x))``): a hang, or, where two
+    buckets have the same size, one rank's A gradient summed with another's B
+    gradient and no error at all. So each engine gets its own connections:
+    one for the collectives its training thread issues (the initial
+    broadcast, bucket checks, the algorithm's agreements) and, on first use,
+    one for its buckets' ops. Creating them is collective, in the order the
+    ranks wrap their modules: every rank wraps the same modules in the same
+    order, as with DDP.
+    """
+
+    def __init__(self, parent: BaguaProcessGroup):
+        communicator = parent._member_communicator().new_group(list(range(parent.get_size())))
+        super().__init__(parent.ranks, communicator, parent.group_name)
+        self.parent = parent
+
+    def engine_group(self) -> "EngineGroup":
+        return EngineGroup(self.parent)
+
+    def __repr__(self) -> str:
+        return f"EngineGroup({self.group_name}, ranks={self.ranks})"
+
+
+# The engine group whose buckets this thread is building, if any (see
+# building_ops_for): an op an algorithm appends with group=None, or with the
+# group the engine was made from, runs on the engine's own connections.
+_building = threading.local()
+
+
+@contextmanager
+def building_ops_for(engine_group: "EngineGroup"):
+    """While an engine builds its buckets' ops on this thread."""
+    previous = getattr(_building, "group", None)
+    _building.group = engine_group
+    try:
+        yield
+    finally:
+        _building.group = previous
+
+
+def group_for_ops(group: Optional[BaguaProcessGroup]) -> BaguaProcessGroup:
+    """The group a bucket op appended with ``group`` communicates on: the
+    engine's own when it stands for the engine's group (None means the
+    default group), else ``group`` or the default group."""
+    engine = getattr(_building, "group", None)
+    wanted = group if group is not None else _get_default_group()
+    if isinstance(engine, EngineGroup) and wanted is engine.parent:
+        return engine
+    return wanted
 
 
 _default_group: Optional[BaguaProcessGroup] = None

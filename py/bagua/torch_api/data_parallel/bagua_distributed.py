@@ -21,7 +21,7 @@ from bagua.torch_api.data_parallel import planning
 from bagua.torch_api.data_parallel.buffers import BufferSync
 from bagua.torch_api.data_parallel.hooks import StepHooks
 from bagua.torch_api.data_parallel.state import broadcast_states, check_same_model, check_trainable
-from bagua.torch_api.process_group import BaguaProcessGroup, _get_default_group
+from bagua.torch_api.process_group import BaguaProcessGroup, _get_default_group, building_ops_for
 from bagua.torch_api.tensor import BaguaTensor
 
 __all__ = ["BaguaDistributedDataParallel"]
@@ -75,15 +75,19 @@ class BaguaDistributedDataParallel:
         self.do_flatten = do_flatten
         self.bagua_module_name = f"{type(module).__name__}_{next(_module_ids)}"
         self.bucket_bytes = core.env().default_bucket_size
-        self.buffer_sync = BufferSync(module, self.process_group, broadcast_buffers)
-
         if not self.process_group.is_member():
+            self.engine_group = self.process_group
+            self.buffer_sync = BufferSync(module, self.process_group, broadcast_buffers)
             self._init_outside_the_group()
             return
-        check_same_model(self.module, self.process_group)
+        # What this engine communicates goes over connections of its own
+        # (see EngineGroup): other wrapped modules' never interleave with it.
+        self.engine_group: BaguaProcessGroup = self.process_group.engine_group()
+        self.buffer_sync = BufferSync(module, self.engine_group, broadcast_buffers)
+        check_same_model(self.module, self.engine_group)
         check_trainable(self.module)
-        broadcast_states(self.module, self.optimizers, self.process_group)
-        self.bagua_algorithm_impl = algorithm.reify(self.process_group)
+        broadcast_states(self.module, self.optimizers, self.engine_group)
+        self.bagua_algorithm_impl = algorithm.reify(self.engine_group)
         self._timeline = timeline.get(self.process_group.get_rank())
         # BAGUA_COMM_TIMEOUT_S is applied by the runtime.
         self._bagua_backend = core.Backend(self.process_group.get_rank(), timeline=self._timeline)
@@ -151,13 +155,14 @@ class BaguaDistributedDataParallel:
         self.bagua_tensors = impl.init_tensors(self)
         self._tensors_by_name = planning.index_by_name(self.bagua_tensors, type(impl).__name__)
         ordered = planning.in_order(self.bagua_tensors, order)
-        self.bagua_buckets = planning.plan_buckets(impl, ordered, self.bucket_bytes, self.do_flatten)
-        for bucket in self.bagua_buckets:
-            impl.init_operations(self, bucket)
+        with building_ops_for(self.engine_group):
+            self.bagua_buckets = planning.plan_buckets(impl, ordered, self.bucket_bytes, self.do_flatten)
+            for bucket in self.bagua_buckets:
+                impl.init_operations(self, bucket)
         self._restore_residuals()
         for tensor in self.bagua_tensors:
             tensor._bagua_attach_backend(self._bagua_backend)
-        planning.verify_same_buckets(self.bagua_buckets, self.process_group)
+        planning.verify_same_buckets(self.bagua_buckets, self.engine_group)
         self._bagua_backend.register_ordered_buckets([b.backend_bucket for b in self.bagua_buckets])
         if self.process_group.get_rank() == 0:
             log("info", f"{self.bagua_module_name}: {len(self.bagua_buckets)} buckets "
@@ -190,7 +195,7 @@ class BaguaDistributedDataParallel:
             self._profiled = True
             self._pending_order = planning.profiled_order(
                 self._bagua_backend.last_ready_order(), self.bagua_tensors, self.bagua_buckets,
-                self.process_group)
+                self.engine_group)
 
     # -- for algorithms ----------------------------------------------------------
     def mark_unready_tensors(self) -> None:
