@@ -7,6 +7,7 @@ does is told in :mod:`.hooks`, how buckets are planned in :mod:`.planning`,
 the initial broadcast in :mod:`.state`.
 """
 
+import contextlib
 import itertools
 import json
 from typing import Dict, List, Optional
@@ -57,12 +58,24 @@ def _uncompiled_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part != "_orig_mod")
 
 
+_UNEVEN_INPUTS_HINT = (
+    "A peer may have run out of data: with inputs of different lengths per rank, train inside "
+    "`with model.join():` (bagua.torch_api.join([model_a, model_b]) for several models), as with DDP")
+
+
+def _peer_may_have_run_out(error: Exception) -> bool:
+    """A timeout, or a peer that exited: what a rank with fewer batches causes."""
+    return isinstance(error, core.CommTimeoutError) or "exited" in str(error)
+
+
 class BaguaDistributedDataParallel:
     """The engine behind a wrapped module (``model.bagua_ddp``)."""
 
     #: False inside ``module.no_sync()``: training forwards then communicate
     #: nothing and their backward leaves the gradients local (Bagua's name).
     require_backward_grad_sync = True
+    #: the open ``join()`` context's protocol state (data_parallel.join), else None
+    join_state = None
 
     def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group, do_flatten: bool,
                  overlap: bool = True, autotune: Optional[bool] = None, broadcast_buffers: bool = True):
@@ -207,6 +220,18 @@ class BaguaDistributedDataParallel:
 
     def wait_pending_comm_ops(self) -> None:
         self._bagua_backend.wait_pending_comm_ops()
+
+    @contextlib.contextmanager
+    def uneven_inputs_hint(self):
+        """Around a step's communication (the hooks): a timeout, or a peer
+        gone, outside ``join()`` says that a rank may have run out of data."""
+        try:
+            yield
+        except (core.CommTimeoutError, core.BackendError) as error:
+            if self.join_state is not None or not _peer_may_have_run_out(error) or \
+                    _UNEVEN_INPUTS_HINT in str(error):
+                raise
+            raise type(error)(f"{error}. {_UNEVEN_INPUTS_HINT}") from None
 
     def communication_stats(self) -> dict:
         """Per bucket: tensors, bytes, and per op its executions, bytes sent

@@ -36,6 +36,7 @@ class BufferSync:
         self.group = group
         self.enabled = enabled
         self._trained_since_broadcast = False
+        self.root = 0  # whose buffers are broadcast (inside join(): the highest rank still training)
 
     def buffers(self) -> List[torch.Tensor]:
         return [b for b in self.module.buffers() if b is not None]
@@ -49,4 +50,4 @@ class BufferSync:
         self._trained_since_broadcast = training
         buffers = self.buffers()
         if buffers:
-            broadcast_coalesced(buffers, self.group)
+            broadcast_coalesced(buffers, self.group, src=self.root)

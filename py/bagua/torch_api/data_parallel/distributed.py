@@ -248,6 +248,13 @@ class DistributedDataParallel_V1_9_0(DistributedDataParallel_V1_9_0_Interface):
         finally:
             self.inner.require_backward_grad_sync = previous
 
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False):
+        """As DDP's ``join()``, over bagua's engine (see ``data_parallel.join``)."""
+        from bagua.torch_api.data_parallel.join import join
+
+        return join(self, divide_by_initial_world_size, enable, throw_on_early_termination)
+
     @property
     def bagua_algorithm(self):
         """The algorithm's implementation (reified for the process group)."""

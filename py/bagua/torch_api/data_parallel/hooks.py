@@ -135,10 +135,21 @@ class StepHooks:
         return torch.is_grad_enabled() and module.training and self.ddp.require_backward_grad_sync
 
     def on_forward(self, module, inputs) -> None:
+        with self.ddp.uneven_inputs_hint():
+            self._on_forward(module, inputs)
+
+    def _on_forward(self, module, inputs) -> None:
         training = torch.is_grad_enabled() and module.training
         if training:  # its backward follows (DDP reads no_sync here too)
             self._sync_backward = self.ddp.require_backward_grad_sync
-        self.ddp.buffer_sync.before_forward(training, self.ddp.bagua_algorithm_impl)
+        join = self.ddp.join_state
+        if join is None:
+            self.ddp.buffer_sync.before_forward(training, self.ddp.bagua_algorithm_impl)
+        elif training and (not self._step_open or not self.ddp.require_backward_grad_sync):
+            # Inside join(): a step opens with the exchange the joined ranks
+            # answer, then the one broadcast of buffers they shadow.
+            join.step_starts(self.ddp.require_backward_grad_sync)
+            self.ddp.buffer_sync.before_forward(True, self.ddp.bagua_algorithm_impl)
         if not self._communicates(module):
             self.inference_pre_hook(inputs)
             return
@@ -173,6 +184,10 @@ class StepHooks:
             self._deferred_grads.append((name, param))
 
     def on_backward_end(self) -> None:
+        with self.ddp.uneven_inputs_hint():
+            self._on_backward_end()
+
+    def _on_backward_end(self) -> None:
         self.graph_split.leave()  # in case the forward raised before its end hook
         self._step_open = False
         self._callback_queued = False
@@ -180,6 +195,8 @@ class StepHooks:
         for name, param in deferred:
             self.backward_hook(name, param)
         self.post_backward_hook()
+        if self.ddp.join_state is not None:
+            self.ddp.join_state.rescale()
         self.phases.end("backward")
         self.ddp._backward_finished()
 

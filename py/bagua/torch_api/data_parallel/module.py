@@ -111,6 +111,22 @@ class BaguaModule:
         finally:
             ddp.require_backward_grad_sync = previous
 
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False):
+        """As DDP's ``join()``: ranks whose inputs run out first keep
+        answering the others' steps until every rank is done, so inputs may
+        differ in length across ranks::
+
+            with model.join():
+                for x, y in my_shard:      # any number of batches per rank
+                    ...
+
+        For several wrapped models trained together (a GAN), use
+        ``bagua.torch_api.join([G, D])``. See ``data_parallel.join``."""
+        from bagua.torch_api.data_parallel.join import join
+
+        return join(self, divide_by_initial_world_size, enable, throw_on_early_termination)
+
     @property
     def bagua_algorithm(self):
         return self.bagua_ddp.bagua_algorithm if getattr(self, "bagua_ddp", None) else None

@@ -1,0 +1,65 @@
+"""Inputs of different lengths per rank (rank r: 4 + 2r batches) inside
+``join()``: GradientAllReduce equal to DDP's ``join()`` (both choices of
+``divide_by_initial_world_size``, gradient accumulation with ``no_sync``,
+and two models in one join), every other algorithm finishing without a hang
+with equal replicas where it promises them; and without ``join()``, an
+error that names it (join_workers.py has the loops)."""
+
+import pytest
+import torch
+
+from launcher import run_workers
+
+SCRIPT = __import__("pathlib").Path(__file__).with_name("join_workers.py")
+SHARED = ["bytegrad", "floatgrad", "qadam", "powersgd", "auto"]
+LOCAL = ["decentralized", "low_precision_decentralized", "async", "partial_allreduce"]
+ENV = {"BAGUA_COMM_TIMEOUT_S": "30"}
+
+
+def _close(a, b, msg):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{msg}: {m}")
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_gradient_allreduce_join_equals_ddp(world_size, tmp_path):
+    results = run_workers("uneven", world_size, tmp_path, script=SCRIPT, extra_env=ENV,
+                          args=("gradient_allreduce", "True,False"))
+    for rank, result in enumerate(results):
+        for key in ("True", "False"):
+            for part in ("weights", "buffers"):
+                for i, (a, b) in enumerate(zip(result[f"gradient_allreduce/{key}"][part], result[f"ddp/{key}"][part])):
+                    _close(a, b, f"rank {rank} divide_by_initial_world_size={key} {part} {i}")
+        for i, (a, b) in enumerate(zip(result["accumulate/gradient_allreduce"]["weights"],
+                                       result["accumulate/ddp"]["weights"])):
+            _close(a, b, f"rank {rank} no_sync accumulation tensor {i}")
+        # Replicas equal at the end, as DDP's.
+        for a, b in zip(result["gradient_allreduce/True"]["weights"], results[0]["gradient_allreduce/True"]["weights"]):
+            assert torch.equal(a, b), f"rank {rank}: replicas differ after join"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_algorithm_joins(world_size, tmp_path):
+    results = run_workers("uneven", world_size, tmp_path, script=SCRIPT, extra_env=ENV,
+                          args=(",".join(SHARED + LOCAL), "True"), timeout=400)
+    for name in SHARED + LOCAL:
+        for rank, result in enumerate(results):
+            weights = result[f"{name}/True"]["weights"]
+            assert all(torch.isfinite(w).all() for w in weights), f"rank {rank} {name}"
+            if name in SHARED:
+                for a, b in zip(weights, results[0][f"{name}/True"]["weights"]):
+                    assert torch.equal(a, b), f"{name}: rank {rank}'s replica differs from rank 0's after join"
+
+
+def test_two_models_in_one_join(tmp_path):
+    results = run_workers("gan", 3, tmp_path, script=SCRIPT, extra_env=ENV)
+    for rank, result in enumerate(results):
+        for m, (mine, ddp) in enumerate(zip(result["gradient_allreduce"], result["ddp"])):
+            for i, (a, b) in enumerate(zip(mine, ddp)):
+                _close(a, b, f"rank {rank} model {m} tensor {i}")
+
+
+def test_without_join_the_error_names_it(tmp_path):
+    results = run_workers("no_join", 2, tmp_path, script=SCRIPT, extra_env={"BAGUA_COMM_TIMEOUT_S": "4"})
+    error = results[1]["error"]  # rank 1 has more batches: it waits in its 5th backward
+    assert error is not None and "CommTimeoutError" in error, error
+    assert "run out of data" in error and "model.join()" in error, error
