@@ -25,6 +25,7 @@
 //   BAGUA_AUTOTUNE_MAX_TRIALS     integer >= 1  10                  autotune_max_trials
 //   BAGUA_AUTOTUNE_MAX_SECONDS    integer >= 1  300                 autotune_max_seconds
 //   BAGUA_ALGORITHM               name (4)      (unset: measure)    algorithm
+//   BAGUA_CHECK_REPLICAS          integer >= 1  (unset: off)        check_replicas_every
 //   (1) trace, debug, info, warn (warning), error (err), critical, off
 //   (2) 1, true, yes, on / 0, false, no, off (any case)
 //   (3) > 0 and <= 1e9, kept in whole milliseconds rounded up (>= 1 ms)
@@ -78,6 +79,9 @@ struct EnvConfig {
   std::int64_t autotune_window_steps = 10;
   std::int64_t autotune_max_trials = 10;
   std::int64_t autotune_max_seconds = 300;
+  // Every this many steps the engines compare their weights across ranks
+  // (Python's data_parallel.replicas); 0: never.
+  std::int64_t check_replicas_every = 0;
   std::string algorithm;
 };
 
@@ -191,6 +195,7 @@ inline EnvConfig read_env() {
       env_positive_int("BAGUA_AUTOTUNE_WINDOW_STEPS", c.autotune_window_steps);
   c.autotune_max_trials = env_positive_int("BAGUA_AUTOTUNE_MAX_TRIALS", c.autotune_max_trials);
   c.autotune_max_seconds = env_positive_int("BAGUA_AUTOTUNE_MAX_SECONDS", c.autotune_max_seconds);
+  c.check_replicas_every = env_positive_int("BAGUA_CHECK_REPLICAS", c.check_replicas_every);
   c.algorithm = env_choice("BAGUA_ALGORITHM", c.algorithm,
                            {"gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit"});
   return c;

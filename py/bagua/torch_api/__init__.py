@@ -46,6 +46,7 @@ from bagua.torch_api.communication import (  # noqa: F401
 )
 from bagua.torch_api.data_parallel import BaguaModule  # noqa: F401
 from bagua.torch_api.data_parallel.join import join  # noqa: F401  (uneven inputs, several models)
+from bagua.torch_api.data_parallel.replicas import ReplicasDivergedError  # noqa: F401
 from bagua.torch_api.bucket import BaguaBucket  # noqa: F401
 from bagua.torch_api.tensor import BaguaTensor  # noqa: F401
 from bagua.torch_api import algorithms  # noqa: F401

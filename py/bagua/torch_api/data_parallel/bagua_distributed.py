@@ -18,7 +18,7 @@ from bagua.torch_api import _exit
 from bagua.torch_api import autotune as autotune_module
 from bagua.torch_api import timeline
 from bagua.torch_api._core import InvalidArgumentError, core, log
-from bagua.torch_api.data_parallel import planning
+from bagua.torch_api.data_parallel import planning, replicas
 from bagua.torch_api.data_parallel.buffers import BufferSync
 from bagua.torch_api.data_parallel.hooks import StepHooks
 from bagua.torch_api.data_parallel.state import broadcast_states, check_same_model, check_trainable
@@ -78,9 +78,11 @@ class BaguaDistributedDataParallel:
     join_state = None
 
     def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group, do_flatten: bool,
-                 overlap: bool = True, autotune: Optional[bool] = None, broadcast_buffers: bool = True):
+                 overlap: bool = True, autotune: Optional[bool] = None, broadcast_buffers: bool = True,
+                 check_replicas_every: Optional[int] = None):
         self.optimizers = _checked_optimizers(algorithm, optimizers, do_flatten, overlap, autotune,
                                               broadcast_buffers)
+        replica_check_every = replicas.resolve_every(check_replicas_every)
         self.overlap = overlap
         self.module = module
         self.bagua_algorithm = algorithm
@@ -101,6 +103,7 @@ class BaguaDistributedDataParallel:
         check_trainable(self.module)
         broadcast_states(self.module, self.optimizers, self.engine_group)
         self.bagua_algorithm_impl = algorithm.reify(self.engine_group)
+        self.replica_check = replicas.ReplicaCheck(self, replica_check_every)
         self._timeline = timeline.get(self.process_group.get_rank())
         # BAGUA_COMM_TIMEOUT_S is applied by the runtime.
         self._bagua_backend = core.Backend(self.process_group.get_rank(), timeline=self._timeline)
@@ -199,6 +202,7 @@ class BaguaDistributedDataParallel:
                     self.bucket_bytes = proposal
                     self._reset_algorithm_buckets(planning.bucket_order(self.bagua_buckets))
                 self.autotuner.window_starts(self.step_counter + 1)
+        self.replica_check.after_step(self.step_counter)
         self.step_counter += 1
 
     def _backward_finished(self) -> None:

@@ -27,7 +27,8 @@ class BaguaModule:
     """
 
     def with_bagua(self, optimizers, algorithm, process_group=None, do_flatten: bool = True, *,
-                   overlap: bool = True, autotune: Optional[bool] = None, broadcast_buffers: bool = True):
+                   overlap: bool = True, autotune: Optional[bool] = None, broadcast_buffers: bool = True,
+                   check_replicas_every: Optional[int] = None):
         """Wraps this module for distributed training with ``algorithm``.
 
         ``do_flatten``: buckets in one contiguous buffer each (fusion).
@@ -38,6 +39,10 @@ class BaguaModule:
         running statistics) broadcast before each training forward, for
         the algorithms whose ranks share their weights (see
         :mod:`.buffers`); False keeps each rank's own.
+        ``check_replicas_every``: every this many steps, compare the
+        weights across ranks and raise ``ReplicasDivergedError`` naming the
+        first parameter that differs (algorithms whose ranks share weights;
+        default: BAGUA_CHECK_REPLICAS, off when unset; see :mod:`.replicas`).
 
         ``algorithm`` may be a registered name (``GlobalAlgorithmRegistry``),
         built with its defaults: e.g. ``"bytegrad"``, or ``"auto"``
@@ -66,7 +71,8 @@ class BaguaModule:
         try:
             ddp = BaguaDistributedDataParallel(self, optimizers, algorithm, process_group, do_flatten,
                                                overlap=overlap, autotune=autotune,
-                                               broadcast_buffers=broadcast_buffers)
+                                               broadcast_buffers=broadcast_buffers,
+                                               check_replicas_every=check_replicas_every)
         except BaseException:
             if previous is not None:  # unwrapped now, not half-wrapped
                 self._bagua_restore_class()
