@@ -127,7 +127,9 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
             grad = t.bagua_registered_tensor()
             if not compresses(grad.shape, self.rank, self.min_compression_rate):
                 continue
-            m = grad.view(grad.shape[0], -1)
+            # The gradient's memory as shape[0] rows, as the op reads it (a
+            # channels_last gradient: its columns in memory order).
+            m = grad.as_strided((grad.shape[0], grad.numel() // grad.shape[0]), (grad.numel() // grad.shape[0], 1))
             error = self._state(self._error, t.bagua_tensor_name, m) if self.error_feedback else None
             matrices.append((index, self._q_for(t.bagua_tensor_name, m), error))
         op = bucket.append_powersgd_op(matrices, rank=self.rank, low_precision=self.low_precision,

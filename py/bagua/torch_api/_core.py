@@ -53,25 +53,46 @@ def device_name(device: torch.device) -> str:
     raise InvalidArgumentError(f"unsupported device {device}; bagua communicates cpu and cuda tensors")
 
 
-def check_tensor(tensor, what: str = "tensor") -> None:
-    """Raises a clear error for anything the runtime cannot communicate."""
+def is_dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s elements fill one block of memory, each once, in
+    some order of its dimensions (row-major, channels_last, a transpose...):
+    ``numel`` elements from ``data_ptr``, as PyTorch's "non-overlapping and
+    dense"."""
+    if tensor.is_contiguous():
+        return True
+    order = sorted(range(tensor.dim()), key=lambda d: -tensor.stride(d))
+    return tensor.permute(order).is_contiguous()
+
+
+def check_tensor(tensor, what: str = "tensor", any_dense_order: bool = False) -> None:
+    """Raises a clear error for anything the runtime cannot communicate.
+    ``any_dense_order``: a tensor dense in another order of its dimensions
+    is accepted too (what only element-wise ops read, such as a bucket's
+    gradients: every rank lays them out alike)."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
         raise InvalidArgumentError(f"{what}: {tensor.layout} tensors are not supported, use a dense tensor")
     dtype_name(tensor.dtype)
     device_name(tensor.device)
-    if not tensor.is_contiguous():
+    if any_dense_order and not is_dense(tensor):
+        raise InvalidArgumentError(
+            f"{what} is a strided view (shape {tuple(tensor.shape)}, stride {tensor.stride()}): its elements "
+            "do not fill one block of memory in any order of its dimensions (row-major and channels_last "
+            "are accepted); make it a tensor of its own, e.g. with .contiguous()")
+    if not any_dense_order and not tensor.is_contiguous():
         raise InvalidArgumentError(
             f"{what} is not contiguous (shape {tuple(tensor.shape)}, stride {tensor.stride()}); "
             "call .contiguous() first"
         )
 
 
-def tensor_view(tensor, what: str = "tensor", allow_cuda: bool = False):
-    """A ``bagua_core.TensorView`` of a contiguous tensor: host memory, or
-    CUDA memory when ``allow_cuda`` (for consumers that can reach it)."""
-    check_tensor(tensor, what)
+def tensor_view(tensor, what: str = "tensor", allow_cuda: bool = False, any_dense_order: bool = False):
+    """A ``bagua_core.TensorView`` of a contiguous tensor (or, with
+    ``any_dense_order``, one dense in another order: its memory block): host
+    memory, or CUDA memory when ``allow_cuda`` (for consumers that can
+    reach it)."""
+    check_tensor(tensor, what, any_dense_order)
     if tensor.device.type != "cpu" and not allow_cuda:
         raise InvalidArgumentError(
             f"{what} is on {tensor.device}: this view needs host memory (CUDA tensors are staged "

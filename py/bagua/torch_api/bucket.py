@@ -52,7 +52,10 @@ class BaguaBucket:
             offset = 0
             with torch.no_grad():
                 for t, current in zip(self.tensors, currents):
-                    view = self.flattened[offset:offset + current.numel()].view_as(current)
+                    # In the tensor's own memory order (channels_last stays so:
+                    # autograd then accumulates its gradient in place, as DDP's
+                    # gradient-layout contract has it).
+                    view = self.flattened.as_strided(current.shape, current.stride(), offset)
                     view.copy_(current)
                     t.bagua_setter_closure(view)
                     t._bagua_register(view)
@@ -64,7 +67,7 @@ class BaguaBucket:
         self.error_feedback_ops: List["ErrorFeedbackOp"] = []  # their residuals go into checkpoints
         self.backend_bucket = core.Bucket(
             name, [(t.bagua_tensor_name, tensor_view(t.bagua_registered_tensor(), f"tensor '{t.bagua_tensor_name}'",
-                                                  allow_cuda=True))
+                                                  allow_cuda=True, any_dense_order=True))
                    for t in self.tensors])
 
     def clear_ops(self) -> "BaguaBucket":

@@ -166,11 +166,12 @@ class BaguaTensor(metaclass=_BaguaTensorType):
         elements), through the setter closure when there is one."""
         effective = self.bagua_getter_closure()
         with torch.no_grad():
+            # Its own strides: a channels_last tensor stays channels_last.
             if _runtime(self).setter is None:
-                effective.set_(storage, storage_offset, effective.shape)
+                effective.set_(storage, storage_offset, effective.shape, effective.stride())
                 return
             moved = torch.empty(0, dtype=effective.dtype, device=effective.device)
-            moved.set_(storage, storage_offset, effective.shape)
+            moved.set_(storage, storage_offset, effective.shape, effective.stride())
             self.bagua_setter_closure(moved)
 
     def bagua_registered_tensor(self) -> torch.Tensor:
@@ -186,7 +187,7 @@ class BaguaTensor(metaclass=_BaguaTensorType):
         value = self.bagua_getter_closure()
         if value is None:
             raise InvalidArgumentError(f"tensor '{_name(self)}': its getter returned None")
-        check_tensor(value, f"tensor '{_name(self)}'")
+        check_tensor(value, f"tensor '{_name(self)}'", any_dense_order=True)
         return value
 
     def _bagua_register(self, registered: torch.Tensor) -> None:
