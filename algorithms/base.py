@@ -215,6 +215,12 @@ class AlgorithmImpl:
         steps. Default: the algorithm has no background work."""
         return contextlib.nullcontext()
 
+    def reduces_sparse_gradients(self) -> bool:
+        """Whether sparse embedding gradients may be averaged exactly beside
+        this algorithm's buckets (data_parallel.sparse); otherwise a model
+        with them is refused at wrap time."""
+        return False
+
     def ranks_share_weights(self) -> bool:
         """Whether every rank holds the same weights and optimizer state after
         each step (gradient averaging): a checkpoint then keeps rank 0's only,

@@ -15,6 +15,9 @@ class GradientAllReduceAlgorithmImpl(AlgorithmImpl):
         self.hierarchical = hierarchical
         self.average = average
 
+    def reduces_sparse_gradients(self) -> bool:
+        return True  # averaged exactly, as DDP: indices and values (data_parallel.sparse)
+
     def init_operations(self, bagua_ddp, bucket):
         bucket.clear_ops()
         bucket.append_centralized_synchronous_op(

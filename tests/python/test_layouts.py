@@ -31,3 +31,25 @@ def test_a_strided_view_is_refused_with_its_name(tmp_path):
     for result in run_workers("strided", 2, tmp_path, script=SCRIPT):
         assert result["error"] is not None and "'weight'" in result["error"], result["error"]
         assert "strided view" in result["error"], result["error"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sparse_gradients_equal_ddp(world_size, tmp_path):
+    """Sparse embedding gradients under GradientAllReduce: DDP's weights,
+    indices and values exchanged (a few rows, not the table), equal replicas
+    every step; the algorithms that cannot take them refuse the model at
+    with_bagua naming the parameter."""
+    results = run_workers("sparse", world_size, tmp_path, script=SCRIPT)
+    for rank, result in enumerate(results):
+        for a, b in zip(result["gradient_allreduce"]["weights"], result["ddp"]["weights"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        rows = result["gradient_allreduce"]["rows"]
+        assert all(0 < r <= 24 + 8 for r in rows), f"rank {rank}: rows sent per step {rows}"
+        # A step where one rank does not use a table: replicas still equal
+        # (the check ran every step) and its rows sent that step are fewer.
+        skipped = result["skip_tags"]["rows"]
+        assert len(skipped) == 5 and (rank != 1 or skipped[2] < rows[2]), skipped
+        for name in ("bytegrad", "floatgrad"):  # the replica check ran every step
+            assert all(torch.isfinite(w).all() for w in result[name]["weights"]), name
+        for name in ("qadam", "decentralized", "powersgd"):
+            assert result[name] is not None and "'table.weight'" in result[name], f"{name}: {result[name]}"

@@ -18,7 +18,7 @@ from bagua.torch_api import _exit
 from bagua.torch_api import autotune as autotune_module
 from bagua.torch_api import timeline
 from bagua.torch_api._core import InvalidArgumentError, core, log
-from bagua.torch_api.data_parallel import planning, replicas
+from bagua.torch_api.data_parallel import planning, replicas, sparse
 from bagua.torch_api.data_parallel.buffers import BufferSync
 from bagua.torch_api.data_parallel.hooks import StepHooks
 from bagua.torch_api.data_parallel.state import broadcast_states, check_same_model, check_trainable
@@ -85,6 +85,9 @@ class BaguaDistributedDataParallel:
         replica_check_every = replicas.resolve_every(check_replicas_every)
         self.overlap = overlap
         self.module = module
+        # Embeddings with sparse gradients stay out of the buckets (.sparse).
+        self.sparse_parameters = sparse.sparse_gradient_parameters(module)
+        self._sparse_ids = {id(p) for _, p in self.sparse_parameters}
         self.bagua_algorithm = algorithm
         self.process_group: BaguaProcessGroup = process_group or _get_default_group()
         self.do_flatten = do_flatten
@@ -103,6 +106,7 @@ class BaguaDistributedDataParallel:
         check_trainable(self.module)
         broadcast_states(self.module, self.optimizers, self.engine_group)
         self.bagua_algorithm_impl = algorithm.reify(self.engine_group)
+        self.sparse_gradients = self._sparse_gradients()
         self.replica_check = replicas.ReplicaCheck(self, replica_check_every)
         self._timeline = timeline.get(self.process_group.get_rank())
         # BAGUA_COMM_TIMEOUT_S is applied by the runtime.
@@ -119,12 +123,32 @@ class BaguaDistributedDataParallel:
         self._hooks = StepHooks(self, self._timeline)
         _exit.track_engine(self)
 
+    def _sparse_gradients(self) -> Optional[sparse.SparseGradients]:
+        """What reduces the sparse embeddings' gradients, where there are any."""
+        if not self.sparse_parameters:
+            return None
+        impl = self.bagua_algorithm_impl
+        if not impl.reduces_sparse_gradients():
+            name = self.sparse_parameters[0][0]
+            raise InvalidArgumentError(
+                f"with_bagua: parameter '{name}' gets sparse gradients (an Embedding or EmbeddingBag with "
+                f"sparse=True), which {type(impl).__name__} cannot communicate; use GradientAllReduce, "
+                "which reduces them as DDP does (indices and values), or sparse=False")
+        return sparse.SparseGradients(self.sparse_parameters, self.engine_group,
+                                      average=getattr(impl, "average", True))
+
+    def reduce_sparse_gradients(self) -> None:
+        """After the buckets' ops of a step (collective)."""
+        if self.sparse_gradients is not None:
+            self.sparse_gradients.reduce()
+
     def _init_outside_the_group(self) -> None:
         """This rank is not in the process group: as in Bagua, the module
         trains here without communicating (the group's collectives do
         nothing on a rank outside it). No buckets, no hooks; the algorithm's
         ``abort``/``resume`` find nothing to stop or start."""
         self.bagua_algorithm_impl = self.bagua_algorithm.reify(self.process_group)
+        self.sparse_gradients = None
         self._bagua_backend = None
         self.bagua_buckets, self.bagua_tensors, self._tensors_by_name = [], [], {}
         self._profiled, self._pending_order, self._pending_residuals = False, None, {}
@@ -148,11 +172,13 @@ class BaguaDistributedDataParallel:
     def bagua_build_params(self):
         """(name, parameter) pairs to train, in module order, shared ones once.
         Parameters marked ``allreduce = False`` (the experts of a mixture of
-        experts, bagua.torch_api.moe) belong to their rank and are left out."""
+        experts, bagua.torch_api.moe) belong to their rank and are left out,
+        and so are those with sparse gradients (``sparse_parameters``)."""
         seen = set()
         params = []
         for name, param in self.module.named_parameters():
-            if param.requires_grad and id(param) not in seen and getattr(param, "allreduce", True) is not False:
+            if param.requires_grad and id(param) not in seen and getattr(param, "allreduce", True) is not False \
+                    and id(param) not in self._sparse_ids:
                 seen.add(id(param))
                 params.append((_uncompiled_name(name), param))
         return params

@@ -94,7 +94,7 @@ class StepHooks:
         # The forward hooks run eagerly under torch.compile (see .compiled).
         self._handles.append(module.register_forward_pre_hook(eager(_weak_call(ref, "on_forward"))))
         self._handles.append(module.register_forward_hook(eager(_weak_call(ref, "on_forward_end"))))
-        for name, param in self.ddp.bagua_build_params():
+        for name, param in self.ddp.bagua_build_params() + self.ddp.sparse_parameters:
             hook = _weak_call(ref, "on_grad_ready", name, param)
             if hasattr(param, "register_post_accumulate_grad_hook"):  # PyTorch >= 2.1
                 self._handles.append(param.register_post_accumulate_grad_hook(hook))
@@ -195,6 +195,7 @@ class StepHooks:
         for name, param in deferred:
             self.backward_hook(name, param)
         self.post_backward_hook()
+        self.ddp.reduce_sparse_gradients()
         if self.ddp.join_state is not None:
             self.ddp.join_state.rescale()
         self.phases.end("backward")

@@ -94,6 +94,8 @@ class JoinState:
             with torch.no_grad():
                 for tensor in self.engine.bagua_tensors:
                     tensor._bagua_current().mul_(factor)
+            if self.engine.sparse_gradients is not None:
+                self.engine.sparse_gradients.scale(factor)
 
     # -- the joined rank ----------------------------------------------------------
     def serve_until_all_joined(self) -> None:
@@ -124,6 +126,9 @@ class JoinState:
         for name, param in params:
             hooks.backward_hook(name, param)
         hooks.post_backward_hook()
+        if engine.sparse_gradients is not None:
+            engine.sparse_gradients.drop_local()
+            engine.reduce_sparse_gradients()
         engine._backward_finished()
         for optimizer in engine.optimizers:
             hooks.post_step_hook(optimizer)

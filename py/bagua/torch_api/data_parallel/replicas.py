@@ -68,7 +68,7 @@ class ReplicaCheck:
             return
         if not self.engine.bagua_algorithm_impl.ranks_share_weights():
             return  # e.g. auto chose otherwise since
-        named = self.engine.bagua_build_params()
+        named = self.engine.bagua_build_params() + self.engine.sparse_parameters
         group = self.engine.engine_group
         mine = torch.tensor([fingerprint(p) for _, p in named], dtype=torch.int64)
         size = group.get_size()
