@@ -58,7 +58,7 @@ def scenario_nudged(out_dir):
     model.with_bagua([opt], algorithm)  # BAGUA_CHECK_REPLICAS from the environment
     error = None
     try:
-        train(model, opt, rank, 12, nudge_at=5)
+        train(model, opt, rank, 12, nudge_at=8)
     except bagua.ReplicasDivergedError as caught:
         error = str(caught)
     torch.save({"error": error}, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -11,7 +11,6 @@ results to OUT_DIR/rank{RANK}.pt.
 
 import os
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -159,9 +158,12 @@ def save_pretrained(wrap, rank):
     opt.zero_grad()
     loss_of("gpt2", wrapped, g).backward()
     opt.step()
-    with tempfile.TemporaryDirectory() as where:
-        model.save_pretrained(where)  # the module itself, wrapped by bagua (with DDP: the inner one)
-        loaded = GPT2LMHeadModel.from_pretrained(where)
+    # transformers writes on rank 0 only once torch.distributed is up: one
+    # directory for all, as a job's shared checkpoint directory.
+    where = os.path.join(os.environ["ZOO_OUT_DIR"], f"pretrained_{'bagua' if hasattr(model, 'bagua_ddp') else 'ddp'}")
+    model.save_pretrained(where)  # the module itself, wrapped by bagua (with DDP: the inner one)
+    torch.distributed.barrier()
+    loaded = GPT2LMHeadModel.from_pretrained(where)
     opt = torch.optim.SGD(loaded.parameters(), lr=0.05)
     wrapped = wrap(loaded, opt)
     opt.zero_grad()
@@ -172,6 +174,7 @@ def save_pretrained(wrap, rank):
 
 def scenario_habits(out_dir):
     import torch.distributed as dist
+    os.environ["ZOO_OUT_DIR"] = out_dir
     # torch.distributed first, as Lightning or a user's script does; bagua
     # joins its store.
     dist.init_process_group("gloo")
