@@ -245,3 +245,28 @@ def step_window(events, start_us, end_us):
     if not ready or not backward:
         return None
     return inside, max(ready), backward[-1]["ts"] + backward[-1]["dur"]
+
+
+def steps_bench_main(script: str, doc: str, worker, report, default_steps: int, world_size: int = 2) -> None:
+    """The main of a bench that runs ``worker(args)`` on local ranks: parses
+    --world-size, --steps and --json, launches the ranks (rank 0 writes its
+    JSON to --out), prints ``report(result, args)`` and saves the JSON."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-size", type=int, default=world_size)
+    parser.add_argument("--steps", type=int, default=default_steps)
+    parser.add_argument("--json", default="")
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    with tempfile.TemporaryDirectory() as where:
+        out = Path(where) / "result.json"
+        result = launch(script, args.world_size, out, ["--steps", str(args.steps)])
+    report(result, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))

@@ -9,11 +9,9 @@ also the cost of one check (every step against none). Writes JSON.
         [--json bench/results/replica_check.json]
 """
 
-import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -70,29 +68,14 @@ def worker(args):
         Path(args.out).write_text(json.dumps(result, indent=1))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--json", default="")
-    parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--out", default="")
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
-        return
-    with tempfile.TemporaryDirectory() as where:
-        out = Path(where) / "result.json"
-        result = common.launch(__file__, args.world_size, out, ["--steps", str(args.steps)])
+def report(result, args):
     means = result["mean_step_s"]
     print(f"GradientAllReduce, {result['parameters']} parameters, {args.world_size} ranks, {args.steps} steps")
     for kind in KINDS:
         print(f"  {kind:<10} mean step {means[kind] * 1e3:.2f} ms (median {result['median_step_s'][kind] * 1e3:.2f})")
     print(f"  check every 100 steps / no check (means): {result['every_100_over_off']:.4f}")
     print(f"  one check: {result['one_check_s'] * 1e3:.2f} ms")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    common.steps_bench_main(__file__, __doc__, worker, report, default_steps=300)

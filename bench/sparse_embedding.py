@@ -10,11 +10,9 @@ the dense table would cost; writes JSON.
         [--json bench/results/sparse_embedding.json]
 """
 
-import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -88,20 +86,7 @@ def worker(args):
         Path(args.out).write_text(json.dumps(result, indent=1))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--json", default="")
-    parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--out", default="")
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
-        return
-    with tempfile.TemporaryDirectory() as where:
-        out = Path(where) / "result.json"
-        result = common.launch(__file__, args.world_size, out, ["--steps", str(args.steps)])
+def report(result, args):
     print(f"EmbeddingBag {ROWS} x {WIDTH} (sparse) + MLP, {args.world_size} ranks, batch {BATCH} x {BAG} items")
     print(f"  DDP    median step {result['ddp_median_s'] * 1e3:.1f} ms")
     print(f"  bagua  median step {result['bagua_median_s'] * 1e3:.1f} ms")
@@ -111,9 +96,7 @@ def main():
           f"{result['dense_table_bytes'] / 1e6:.0f} MB for the dense table "
           f"({result['dense_table_bytes'] / max(result['table_bytes_sent_per_step'], 1):.0f}x)")
     print(f"  weights close to DDP's at the end: {result['weights_close_to_ddp']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    common.steps_bench_main(__file__, __doc__, worker, report, default_steps=40)

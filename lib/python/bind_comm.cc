@@ -68,8 +68,8 @@ class PythonStore final : public Store {
       call("wait", first, [&] { present = store_->attr("check")(keys).cast<bool>(); });
       if (present) return;
       if (std::chrono::steady_clock::now() >= deadline) {
-        throw StoreError(fmt::format("store wait '{}' failed: not set within {} ms", first,
-                                     timeout.count()));
+        throw StoreError(
+            fmt::format("store wait '{}' failed: not set within {} ms", first, timeout.count()));
       }
       if (PyGILState_Check() != 0) {
         py::gil_scoped_release released;  // a caller holding the GIL must not stall Python
