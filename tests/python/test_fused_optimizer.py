@@ -85,7 +85,8 @@ def test_fused_parameters_share_one_buffer_after_flattening():
 
 def test_set_to_none_gradients_still_give_steps_result():
     """zero_grad(set_to_none=True) lets autograd allocate gradients apart:
-    the step then runs unfused, with the same result."""
+    fuse_step gathers them into one buffer first and still fuses, with the
+    same result (PyTorch 2's default; before, nothing fused there)."""
     plain_model, plain_opt = model_and_optimizer(optim.Adam, dict(weight_decay=0.1))
     fused_model, fused_opt = model_and_optimizer(optim.Adam, dict(weight_decay=0.1))
     fused_opt = bagua.contrib.fuse_optimizer(fused_opt)
@@ -93,7 +94,7 @@ def test_set_to_none_gradients_still_give_steps_result():
     train(fused_model, fused_opt, 3, fused=True, set_to_none=True)
     for a, b in zip(plain_model.parameters(), fused_model.parameters()):
         assert torch.equal(a, b)
-    assert fused_parameter_counts(fused_opt) == [0, 0, 0]
+    assert fused_parameter_counts(fused_opt) == [4, 4, 4]
 
 
 def test_a_parameter_without_gradient_is_left_out_of_the_run():
@@ -114,8 +115,9 @@ def test_a_parameter_without_gradient_is_left_out_of_the_run():
 def test_fused_count_counts_the_param_groups_updated_fused():
     """Bagua's ``optimizer._bagua_fused_count``: each fuse_step adds one per
     param group in which a run was updated as one tensor. A group of one
-    parameter, step(), and a fuse_step whose gradients autograd allocated
-    apart add nothing; fusing twice is refused."""
+    parameter and step() add nothing; a fuse_step whose gradients autograd
+    allocated apart still counts (they are gathered first); fusing twice is
+    refused."""
     from bagua.torch_api.contrib.fuse.optimizer import is_fused_optimizer
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sigmoid(), torch.nn.Linear(3, 1))
@@ -134,7 +136,34 @@ def test_fused_count_counts_the_param_groups_updated_fused():
     opt.zero_grad(set_to_none=True)
     model(x).sum().backward()
     opt.fuse_step()
-    assert opt._bagua_fused_count == 3
+    assert opt._bagua_fused_count == 4
+
+
+@pytest.mark.parametrize("opt_class, kwargs", [(optim.SGD, dict(lr=0.2, momentum=1, nesterov=True, dampening=0)),
+                                               (optim.Adam, dict(amsgrad=True)), (optim.Adadelta, {})])
+def test_bagua_fused_count_with_the_default_zero_grad(opt_class, kwargs):
+    """Bagua's test_fused_optimizer loop: two param groups (weights with
+    weight decay, biases without), 101 epochs, fuse_step on the even ones,
+    ``zero_grad()`` with its default (set_to_none=True on PyTorch 2): 102
+    fused group updates, and step()'s weights bit for bit."""
+    def build():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sigmoid(), torch.nn.Linear(3, 1), torch.nn.Sigmoid())
+        groups = [{"params": [p for n, p in m.named_parameters() if "bias" not in n], "weight_decay": 0.1},
+                  {"params": [p for n, p in m.named_parameters() if "bias" in n], "weight_decay": 0.0}]
+        return m, opt_class(groups, **kwargs)
+    model, opt = build()
+    opt = bagua.contrib.fuse_optimizer(opt, do_flatten=True)
+    reference, reference_opt = build()
+    x = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]).reshape(3, 2)
+    for epoch in range(101):
+        for m, o, fused in ((model, opt, True), (reference, reference_opt, False)):
+            o.zero_grad()
+            m(x).sum().backward()
+            o.fuse_step() if fused and epoch % 2 == 0 else o.step()
+    assert opt._bagua_fused_count == 102
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
     with pytest.raises(RuntimeError, match="fuse an optimizer twice"):
         bagua.contrib.fuse_optimizer(opt)
 

@@ -12,10 +12,12 @@ and the same formula runs on the same values.
 What stays per parameter: ``optimizer.state`` and ``param_groups`` are the
 user's as before (the fused views exist only during ``fuse_step``), so
 ``state_dict()``, checkpoints and LR schedulers see no difference. A
-parameter fuses only while its gradient exists and lies in the run:
-``zero_grad(set_to_none=True)`` (PyTorch 2's default) lets autograd allocate
-new gradients that lie apart, and those steps run unfused (same result,
-fewer savings); ``zero_grad(set_to_none=False)`` keeps the flat gradients.
+parameter fuses only while its gradient exists. ``zero_grad(set_to_none=True)``
+(PyTorch 2's default) lets autograd allocate new gradients that lie apart;
+where the weights and the state of a run still lie back to back,
+``fuse_step`` first gathers the run's gradients into one buffer (one copy)
+and points them at it, so the step still fuses. Under ``with_bagua`` the
+runtime owns where gradients live, and they are left where they are.
 
 As in Bagua, ``optimizer._bagua_fused_count`` counts the param groups
 updated fused: each ``fuse_step`` adds one per group in which at least one
@@ -180,6 +182,7 @@ def fuse_step(optimizer: torch.optim.Optimizer, closure=None):
     fused: List[Tuple[torch.nn.Parameter, List[torch.Tensor]]] = []
     try:
         for group in optimizer.param_groups:
+            _gather_gradients(optimizer, group["params"])
             runs = _fusable_runs(optimizer, group["params"])
             if not runs:
                 continue
@@ -200,6 +203,30 @@ def fuse_step(optimizer: torch.optim.Optimizer, closure=None):
             group["params"] = params
         for parameter, members in fused:
             _split_state(optimizer, parameter, members)
+
+
+def _gather_gradients(optimizer, params: Sequence[torch.Tensor]) -> None:
+    """Where the weights (and state) of parameters lie back to back but
+    their gradients, allocated anew by autograd, do not: copies the
+    gradients into one buffer and points each at its part."""
+    with_grad = [p for p in params if p.grad is not None and "_bagua_runtime" not in p.__dict__
+                 and p.grad.is_contiguous() and p.grad.dtype == p.dtype and p.grad.device == p.device]
+    if len(with_grad) < 2:
+        return
+    lists = [[p.data for p in with_grad]]
+    if len({_state_signature(optimizer.state.get(p, {})) for p in with_grad}) == 1:
+        for name in _state_tensor_names(optimizer.state.get(with_grad[0], {})):
+            lists.append([optimizer.state[p][name] for p in with_grad])
+    for run in calculate_mutual_groups(lists):
+        grads = [with_grad[i].grad for i in run]
+        if all(_is_next(a, b) for a, b in zip(grads, grads[1:])):
+            continue
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        offset = 0
+        for i in run:
+            p = with_grad[i]
+            p.grad = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
 
 
 def _fusable_runs(optimizer, params: Sequence[torch.Tensor]) -> List[List[int]]:
