@@ -201,6 +201,25 @@ def scenario_multi(out_dir, kinds, names):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_ddp_on_top(out_dir):
+    """A module wrapped by bagua, then by torch's DDP (what Hugging Face's
+    Trainer does with the model it is given): refused, saying why; after
+    without_bagua() DDP takes it."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    model = mlp(1)
+    model.with_bagua([torch.optim.SGD(model.parameters(), lr=0.1)], Algorithm.init("bytegrad"))
+    try:
+        torch.nn.parallel.DistributedDataParallel(model)
+        error = None
+    except bagua.InvalidArgumentError as caught:
+        error = str(caught)
+    model.without_bagua()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    F.mse_loss(ddp(torch.randn(4, 12)), torch.randn(4, 12)).backward()
+    torch.save({"error": error}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

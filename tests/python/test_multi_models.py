@@ -58,3 +58,8 @@ def test_every_algorithm_with_two_models(world_size, tmp_path):
                     if name in EQUAL_REPLICAS:
                         for i, (a, b) in enumerate(zip(weights, results[0][f"{kind}/{name}"][m])):
                             assert torch.equal(a, b), f"{kind} {name}: model {m} tensor {i} differs on rank {rank}"
+
+
+def test_torch_ddp_over_a_bagua_module_is_refused(tmp_path):
+    for result in run_workers("ddp_on_top", 2, tmp_path, script=SCRIPT):
+        assert result["error"] is not None and "twice" in result["error"] and "without_bagua" in result["error"]

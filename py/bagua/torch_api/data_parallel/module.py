@@ -8,10 +8,12 @@ to every ``torch.nn.Module``, as Bagua does.
 """
 
 import contextlib
+import sys
 from typing import Optional
 
 import torch
 
+from bagua.torch_api._core import InvalidArgumentError
 from bagua.torch_api.data_parallel.bagua_distributed import BaguaDistributedDataParallel, _checked_optimizers
 from bagua.torch_api.process_group import is_initialized
 
@@ -133,6 +135,28 @@ class BaguaModule:
 
         return join(self, divide_by_initial_world_size, enable, throw_on_early_termination)
 
+    # PyTorch's DistributedDataParallel reads this attribute when it wraps a
+    # module: a module bagua already trains is refused there, since both
+    # would communicate every gradient (Hugging Face's Trainer and
+    # Accelerate wrap the model they are given in DDP themselves).
+    @property
+    def _ddp_params_and_buffers_to_ignore(self):
+        if self.__dict__.get("bagua_ddp") is not None and _called_by_torch_ddp():
+            raise InvalidArgumentError(
+                f"this {type(self).__name__} is already wrapped by bagua (with_bagua, "
+                f"{type(self.bagua_ddp.bagua_algorithm).__name__}): wrapping it in torch's "
+                "DistributedDataParallel as well would communicate every gradient twice, bagua's exchange "
+                "and then DDP's full-precision allreduce. Train the bagua-wrapped module itself, or call "
+                "model.without_bagua() before handing it to a stack that wraps DDP itself (Hugging Face "
+                "Trainer, Accelerate)")
+        if "_bagua_ddp_ignored" not in self.__dict__:
+            raise AttributeError("_ddp_params_and_buffers_to_ignore")
+        return self.__dict__["_bagua_ddp_ignored"]
+
+    @_ddp_params_and_buffers_to_ignore.setter
+    def _ddp_params_and_buffers_to_ignore(self, value):
+        self.__dict__["_bagua_ddp_ignored"] = value
+
     @property
     def bagua_algorithm(self):
         return self.bagua_ddp.bagua_algorithm if getattr(self, "bagua_ddp", None) else None
@@ -143,6 +167,19 @@ class BaguaModule:
 
 
 _bagua_classes = {}
+
+
+def _called_by_torch_ddp() -> bool:
+    """Whether torch.nn.parallel.DistributedDataParallel is constructing
+    (a few frames up)."""
+    frame = sys._getframe(1)
+    for _ in range(4):
+        frame = frame.f_back
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__") == "torch.nn.parallel.distributed":
+            return True
+    return False
 
 
 def _bagua_class(cls):
