@@ -37,46 +37,78 @@ def train(wrapped, opt, rank, steps=5):
         opt.step()
 
 
-def warm_up(wrapped, rank):
-    """One forward and backward, no step: the gradients are dropped."""
-    x = torch.randn(8, 20, generator=torch.Generator().manual_seed(7 + rank))
-    wrapped(x).sum().backward()
-    for p in wrapped.parameters():
-        p.grad = None
-
-
 def scenario_equal(out_dir):
-    """One bucket each, laid out alike. DDP's first backward lays its bucket
-    out in module order and then rebuilds it in the order gradients became
-    ready, which is bagua's order from the start: the first backward of both
-    is left out (no optimizer step), and the layouts are recorded, so a
-    difference shows."""
+    """One bucket each. DDP's first backward lays its bucket out in module
+    order and later ones in ready order; the hook's op takes the gradients
+    in bagua's order either way (reverse module order), so from the first
+    step on it computes what with_bagua computes."""
     bagua.init_process_group()
     rank = bagua.get_rank()
     hooked = mlp()
-    names = {p.data_ptr(): n for n, p in hooked.named_parameters()}
     opt = torch.optim.SGD(hooked.parameters(), lr=0.1, momentum=0.9)
     ddp = torch.nn.parallel.DistributedDataParallel(hooked, bucket_cap_mb=100)
-    ddp_layouts = []
-
-    def recording_hook(state, bucket):
-        ddp_layouts.append([names[p.data_ptr()] for p in bucket.parameters()])
-        return ddp_hooks.bytegrad_hook(state, bucket)
-
-    recording_hook.__annotations__ = ddp_hooks.bytegrad_hook.__annotations__
-    ddp.register_comm_hook(ddp_hooks.ByteGradState(), recording_hook)
-    warm_up(ddp, rank)
+    ddp.register_comm_hook(ddp_hooks.ByteGradState(hooked), ddp_hooks.bytegrad_hook)
     train(ddp, opt, rank)
     ours = mlp()
     opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
     ours.with_bagua([opt], bytegrad.ByteGradAlgorithm(hierarchical=False))
-    warm_up(ours, rank)
     train(ours, opt, rank)
-    layout = [t.bagua_tensor_name for t in ours.bagua_ddp.bagua_buckets[0].tensors]
     torch.save({"hook": [p.detach().clone() for p in hooked.parameters()],
                 "bagua": [p.detach().clone() for p in ours.parameters()],
-                "buckets": len(ours.bagua_ddp.bagua_buckets), "layout": layout, "ddp_layouts": ddp_layouts[1:]},
+                "buckets": len(ours.bagua_ddp.bagua_buckets)},
                os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def scenario_powersgd(out_dir, low_precision):
+    """PowerSGD's hook against with_bagua's PowerSGD, compressing from the
+    third step; then the hook's state saved after 4 steps and loaded into a
+    fresh DDP and state resumes bit for bit."""
+    from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    kwargs = dict(rank=2, start_iter=2, min_compression_rate=1.0, low_precision=low_precision == "1")
+    hooked = mlp()
+    opt = torch.optim.SGD(hooked.parameters(), lr=0.1, momentum=0.9)
+    ddp = torch.nn.parallel.DistributedDataParallel(hooked, bucket_cap_mb=100)
+    state = ddp_hooks.PowerSGDState(hooked, **kwargs)
+    ddp.register_comm_hook(state, ddp_hooks.powersgd_hook)
+    train(ddp, opt, rank, steps=6)
+    ours = mlp()
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    ours.with_bagua([opt_ours], PowerSGDAlgorithm(**kwargs))
+    train(ours, opt_ours, rank, steps=6)
+    result = {"hook": [p.detach().clone() for p in hooked.parameters()],
+              "bagua": [p.detach().clone() for p in ours.parameters()]}
+    # Resuming: 4 steps, save model, optimizer and hook state; 3 more; then
+    # a fresh DDP and state loaded from the save, 3 more: the same bits.
+    runs = []
+    for resumed in (False, True):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=100)
+        state = ddp_hooks.PowerSGDState(model, **kwargs)
+        ddp.register_comm_hook(state, ddp_hooks.powersgd_hook)
+        train(ddp, opt, rank, steps=4)
+        saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                 "opt": __import__("copy").deepcopy(opt.state_dict()), "hook": state.state_dict()}
+        if resumed:
+            model = mlp()
+            model.load_state_dict(saved["model"])
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            opt.load_state_dict(saved["opt"])
+            ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=100)
+            state = ddp_hooks.PowerSGDState(model, **kwargs)
+            state.load_state_dict(saved["hook"])
+            ddp.register_comm_hook(state, ddp_hooks.powersgd_hook)
+        g = torch.Generator().manual_seed(500 + rank)
+        for _ in range(3):
+            x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    result["continued"], result["resumed"] = runs
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 def scenario_digits(out_dir, epochs="12"):
@@ -86,13 +118,16 @@ def scenario_digits(out_dir, epochs="12"):
     shard = slice(rank, None, world)
     x, y = x_train[shard], y_train[shard]
     results = {}
-    for kind in ("ddp", "bytegrad_hook"):
+    for kind in ("ddp", "bytegrad_hook", "powersgd_hook", "powersgd8_hook"):
         torch.manual_seed(0)
         model = MLP()
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         if kind == "bytegrad_hook":
-            ddp.register_comm_hook(ddp_hooks.ByteGradState(), ddp_hooks.bytegrad_hook)
+            ddp.register_comm_hook(ddp_hooks.ByteGradState(model), ddp_hooks.bytegrad_hook)
+        elif kind.startswith("powersgd"):
+            state = ddp_hooks.PowerSGDState(model, rank=2, start_iter=10, low_precision=kind == "powersgd8_hook")
+            ddp.register_comm_hook(state, ddp_hooks.powersgd_hook)
         g = torch.Generator().manual_seed(rank)
         for _ in range(int(epochs)):
             order = torch.randperm(len(x), generator=g)

@@ -7,7 +7,7 @@ Face's Trainer, Accelerate, Lightning's DDP strategy, a plain script)::
 
     bagua.init_process_group()          # joins torch.distributed's store
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    state = ddp_hooks.ByteGradState()   # collective
+    state = ddp_hooks.ByteGradState(model)   # collective
     ddp.register_comm_hook(state, ddp_hooks.bytegrad_hook)
 
 ``bytegrad_hook`` runs ByteGrad's op, the same C++ (or CUDA) code as
@@ -33,37 +33,51 @@ from typing import Dict
 
 import torch
 
-from bagua.torch_api._core import InvalidArgumentError, core, tensor_view
+from bagua.torch_api._core import InvalidArgumentError, core, device_name, dtype_name, tensor_view
 
-__all__ = ["ByteGradState", "bytegrad_hook"]
+__all__ = ["ByteGradState", "bytegrad_hook", "PowerSGDState", "powersgd_hook"]
 
 
 class _HookBucket:
-    """One DDP bucket's copy, its bagua bucket with the op and the backend
-    that runs it."""
+    """One DDP bucket's gradients copied into a flat tensor of its own, in
+    bagua's order (reverse module order, what with_bagua's first buckets
+    hold) whatever order DDP's bucket has (module order in its first
+    iteration, ready order after it rebuilt): so the op's layout, and its
+    8-bit chunks, are the same before and after DDP rebuilds or a resume.
+    Its bagua bucket holds the op; the backend runs it."""
 
-    def __init__(self, name: str, like: torch.Tensor, append_op, rank: int):
+    def __init__(self, name: str, like: torch.Tensor, shapes, names, order, append_op, rank: int):
         self.name = name
-        self.flat = torch.zeros_like(like)
-        self.bucket = core.Bucket(name, [(name, tensor_view(self.flat, allow_cuda=True))])
-        append_op(self.bucket)
+        self.order = order  # our position i holds DDP's gradient order[i]
+        self.flat = torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
+        ours = [shapes[i] for i in order]
+        numels = [int(torch.Size(s).numel()) for s in ours]
+        self.views = [v.view(s) for v, s in zip(self.flat.split(numels), ours)]
+        self.names = [f"{name}/{names[i]}" for i in order]
+        self.bucket = core.Bucket(name, [(n, tensor_view(v, allow_cuda=True)) for n, v in zip(self.names, self.views)])
+        self.op = append_op(self.bucket, self.views, [names[i] for i in order])
         self.backend = core.Backend(rank)
         self.backend.register_ordered_buckets([self.bucket])
 
-    def run(self, values: torch.Tensor) -> torch.Tensor:
-        self.flat.copy_(values)
+    def run(self, values: torch.Tensor, gradients) -> torch.Tensor:
+        for view, i in zip(self.views, self.order):
+            view.copy_(gradients[i])
         if self.flat.is_cuda:
             torch.cuda.current_stream(self.flat.device).synchronize()
-        self.backend.mark_communication_ready(self.name)
+        for name in self.names:
+            self.backend.mark_communication_ready(name)
         self.backend.wait_pending_comm_ops()
-        return self.flat
+        for view, i in zip(self.views, self.order):
+            gradients[i].copy_(view)  # back into DDP's bucket, in its order
+        return values
 
 
 class _HookState:
     """What every bagua DDP hook keeps: bagua's group of the DDP's ranks,
-    the communication thread and one _HookBucket per DDP bucket."""
+    the communication thread and one _HookBucket per DDP bucket.
+    ``append_op(bucket, views, names)`` (the hook's own) adds the op."""
 
-    def __init__(self, process_group=None):
+    def __init__(self, process_group=None, module=None):
         from bagua.torch_api.data_parallel.distributed import to_bagua_process_group
         from bagua.torch_api.process_group import is_initialized
 
@@ -74,19 +88,32 @@ class _HookState:
         if not group.is_member():
             raise InvalidArgumentError(f"{type(self).__name__}: this rank is not in the DDP's process group")
         self.group = group.engine_group()  # connections of its own
+        # Parameter names (the module's, for state keyed by name), else positions.
+        named = list(module.named_parameters()) if module is not None else []
+        self._names = {id(p): n for n, p in named}
+        self._positions = {id(p): i for i, (_, p) in enumerate(named)}
         self._buckets: Dict[tuple, _HookBucket] = {}
         self._queue: "queue.Queue" = queue.Queue()
         self._thread = threading.Thread(target=self._serve, name="bagua-ddp-hook", daemon=True)
         self._thread.start()
 
-    def append_op(self, bucket) -> None:
+    def append_op(self, bucket, views, names):
         raise NotImplementedError
+
+    def iteration_starts(self) -> None:
+        """Before the first bucket of a backward (on the communication thread)."""
 
     def submit(self, grad_bucket) -> torch.futures.Future:
         values = grad_bucket.buffer()
-        key = (grad_bucket.index(), values.numel(), values.dtype, values.device)
+        params = grad_bucket.parameters()
+        shapes = [tuple(p.shape) for p in params]
+        names = [self._names.get(id(p), f"{grad_bucket.index()}.{i}") for i, p in enumerate(params)]
+        # bagua's order: reverse module order (without the module: DDP's own)
+        order = sorted(range(len(params)), key=lambda i: -self._positions.get(id(params[i]), -i))
+        key = (grad_bucket.index(), values.numel(), values.dtype, values.device, tuple(names))
         future: torch.futures.Future = torch.futures.Future()
-        self._queue.put((key, values, future))
+        self._queue.put((key, values, grad_bucket.gradients(), shapes, names, order, grad_bucket.index() == 0,
+                         future))
         return future
 
     def _serve(self) -> None:
@@ -94,17 +121,24 @@ class _HookState:
             item = self._queue.get()
             if item is None:
                 return
-            key, values, future = item
+            key, values, gradients, shapes, names, order, first, future = item
             try:
+                if first:
+                    self.iteration_starts()
                 hook_bucket = self._buckets.get(key)
                 if hook_bucket is None:
                     # DDP rebuilds its buckets after the first iteration: a
-                    # new index or size gets a bagua bucket of its own.
+                    # new index or layout gets a bagua bucket of its own.
                     hook_bucket = self._buckets[key] = _HookBucket(
-                        f"ddp_bucket{key[0]}_{key[1]}", values, self.append_op, self.group.get_rank())
-                future.set_result(hook_bucket.run(values))
+                        f"ddp_bucket{key[0]}_{key[1]}", values, shapes, names, order, self.append_op,
+                        self.group.get_rank())
+                future.set_result(hook_bucket.run(values, gradients))
             except BaseException as error:  # noqa: BLE001 - DDP rethrows it where it waits
                 future.set_exception(error)
+
+    def _forget_buckets(self) -> None:
+        """The ops are made again at their next use (a loaded state)."""
+        self._buckets = {}
 
     def __del__(self):
         try:
@@ -118,17 +152,19 @@ class _HookState:
 
 class ByteGradState(_HookState):
     """State of :func:`bytegrad_hook` for a DDP over ``process_group``
-    (None: the default group). Collective: every rank of the group creates
+    (None: the default group). ``module``: the DDP's module, whose order the
+    op's layout follows (reverse module order, as with_bagua's; without it,
+    the order of DDP's bucket). Collective: every rank of the group creates
     it. ``average``: average the gradients (DDP's convention) or sum them."""
 
-    def __init__(self, process_group=None, average: bool = True):
+    def __init__(self, module: torch.nn.Module = None, process_group=None, average: bool = True):
         if not isinstance(average, bool):
             raise InvalidArgumentError(f"ByteGradState: average must be a bool, got {average!r}")
         self.average = average
-        super().__init__(process_group)
+        super().__init__(process_group, module)
 
-    def append_op(self, bucket) -> None:
-        bucket.append_centralized_low_precision_op(
+    def append_op(self, bucket, views, names):
+        return bucket.append_centralized_low_precision_op(
             self.group.get_bucket_communicator(), None,
             core.CentralizedLowPrecisionOptions(hierarchical=False, average=self.average, error_feedback=False))
 
@@ -146,4 +182,86 @@ def bytegrad_hook(state: ByteGradState, bucket) -> torch.futures.Future[torch.Te
     of the bucket (see the module docstring). Floating-point buckets only."""
     if not bucket.buffer().is_floating_point():
         raise InvalidArgumentError(f"bytegrad_hook: bucket {bucket.index()} holds {bucket.buffer().dtype}")
+    return state.submit(bucket)
+
+
+class PowerSGDState(_HookState):
+    """State of :func:`powersgd_hook`: with_bagua's PowerSGD (its C++ op:
+    the factor passes, Gram-Schmidt, both exchanges; ``low_precision=True``
+    sends the factors 8-bit) for a DDP over ``process_group``. ``module``
+    (the DDP's module) names the parameters, so Q and the error feedback
+    are kept by name as with_bagua keeps them (the same first Q, the same
+    checkpoints). The arguments are PowerSGDAlgorithm's. Collective."""
+
+    def __init__(self, module: torch.nn.Module, process_group=None, rank: int = 1, start_iter: int = 10,
+                 min_compression_rate: float = 2.0, error_feedback: bool = True, warm_start: bool = True,
+                 orthogonalization_epsilon: float = 0.0, seed: int = 0, low_precision: bool = False):
+        from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm
+
+        if not isinstance(module, torch.nn.Module):
+            raise InvalidArgumentError("PowerSGDState: module must be the DDP's torch.nn.Module (it names "
+                                       f"the parameters), got {type(module).__name__}")
+        # The algorithm checks the arguments; its implementation keeps Q and
+        # the errors by name and draws the first Q, as under with_bagua.
+        self.algorithm = PowerSGDAlgorithm(rank=rank, start_iter=start_iter, min_compression_rate=min_compression_rate,
+                                           error_feedback=error_feedback, warm_start=warm_start,
+                                           orthogonalization_epsilon=orthogonalization_epsilon, seed=seed,
+                                           low_precision=low_precision)
+        self.iteration = 0  # backwards started, the current one included
+        super().__init__(process_group, module)
+        self.impl = self.algorithm.reify(self.group)
+
+    @property
+    def compressing(self) -> bool:
+        return self.iteration > self.impl.start_iter
+
+    def iteration_starts(self) -> None:
+        self.iteration += 1
+        impl = self.impl
+        if self.compressing and not impl.warm_start:
+            if impl._q_used:  # a fresh Q every step after the first, as with_bagua's
+                for name, q in impl._q.items():
+                    q.copy_(impl._draw_q(name, q.shape[0], q.dtype, q.device))
+            impl._q_used = True
+        for hook_bucket in self._buckets.values():
+            hook_bucket.op.compressing = self.compressing
+
+    def append_op(self, bucket, views, names):
+        from bagua.torch_api.algorithms.powersgd import compresses
+
+        impl, matrices = self.impl, []
+        for index, (grad, name) in enumerate(zip(views, names)):
+            if not compresses(grad.shape, impl.rank, impl.min_compression_rate):
+                continue
+            m = grad.reshape(grad.shape[0], -1)
+            error = impl._state(impl._error, name, m) if impl.error_feedback else None
+            q = impl._q_for(name, m)
+            no_error = core.TensorView(0, 0, dtype_name(grad.dtype), device_name(grad.device))
+            matrices.append((index, m.shape[0], m.shape[1], tensor_view(q, allow_cuda=True),
+                             no_error if error is None else tensor_view(error, allow_cuda=True)))
+        op = bucket.append_powersgd_op(self.group.get_bucket_communicator(), matrices, core.PowerSGDOptions(
+            rank=impl.rank, low_precision=impl.low_precision, orthogonalization_epsilon=impl.epsilon))
+        op.compressing = self.compressing
+        return op
+
+    def state_dict(self) -> dict:
+        """Q and the error feedback by parameter name, and the iteration: a
+        state loaded from it resumes bit for bit."""
+        return {"hook": "powersgd", "iteration": self.iteration, "algorithm_state": self.impl.state_dict(None)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("hook") != "powersgd":
+            raise InvalidArgumentError(f"PowerSGDState.load_state_dict: a {state.get('hook')!r} hook's state")
+        self.iteration = int(state["iteration"])
+        self.impl.load_state_dict(None, state["algorithm_state"])
+        self._forget_buckets()
+
+
+def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: with_bagua's PowerSGD op on the bucket (rank-r
+    factors of each matrix, error feedback, warm-started Q; vectors and the
+    first ``start_iter`` iterations averaged uncompressed). With
+    ``PowerSGDState(..., low_precision=True)``, 8-bit PowerSGD."""
+    if not bucket.buffer().is_floating_point():
+        raise InvalidArgumentError(f"powersgd_hook: bucket {bucket.index()} holds {bucket.buffer().dtype}")
     return state.submit(bucket)
