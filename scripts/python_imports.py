@@ -40,7 +40,8 @@ LAYERS = [
     ("BlueFog", ["bagua.bluefog"]),
     ("algorithms", ["bagua.torch_api.algorithms"]),
     ("built on the API", ["bagua.torch_api.checkpoint", "bagua.torch_api.contrib", "bagua.torch_api.moe",
-                          "bagua.torch_api.ddp_compatible", "bagua.torch_api.fuse_optimizer", "bagua.contrib",
+                          "bagua.torch_api.ddp_compatible", "bagua.torch_api.fuse_optimizer",
+                          "bagua.torch_api.ddp_hooks", "bagua.contrib",
                           "bagua.distributed", "bagua.lightning", "bagua.service", "bagua.autotune"]),
     ("the bagua package", ["bagua"]),
 ]

@@ -18,7 +18,8 @@ TORCH2_TESTS=(test_registry.py test_compile.py test_lightning.py test_loops.py t
   test_model_zoo.py test_layouts.py test_multi_models.py::test_gradient_allreduce_equals_ddp_twins
   test_join.py::test_gradient_allreduce_join_equals_ddp test_join.py::test_two_models_in_one_join
   test_fused_optimizer.py test_multi_models.py::test_torch_ddp_over_a_bagua_module_is_refused
-  test_ddp_hooks.py::test_hooks_train_digits_as_ddp test_ddp_hooks.py::test_bytegrad_hook_equals_with_bagua)
+  test_ddp_hooks.py::test_hooks_train_digits_as_ddp test_ddp_hooks.py::test_bytegrad_hook_equals_with_bagua
+  test_trainer.py)
 background=()  # process groups of the background builds
 package=""     # where the packaging check installs
 # On a failure, the builds still running in the background stop too. The

@@ -265,3 +265,24 @@ def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Te
     if not bucket.buffer().is_floating_point():
         raise InvalidArgumentError(f"powersgd_hook: bucket {bucket.index()} holds {bucket.buffer().dtype}")
     return state.submit(bucket)
+
+
+_HOOKS = {"bytegrad": (ByteGradState, bytegrad_hook), "powersgd": (PowerSGDState, powersgd_hook)}
+
+
+def register(ddp, hook: str = "bytegrad", **options):
+    """Registers bagua's ``hook`` ("bytegrad" or "powersgd"; PowerSGD's
+    options as ``PowerSGDState``'s, e.g. ``low_precision=True``) on ``ddp``,
+    a ``torch.nn.parallel.DistributedDataParallel`` (what
+    ``accelerator.prepare(model)`` returns under Accelerate's multi-process
+    CPU or GPU setup). Returns the state (its ``state_dict()`` goes into
+    checkpoints). Collective."""
+    if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+        raise InvalidArgumentError(f"ddp_hooks.register needs a torch DistributedDataParallel, got "
+                                   f"{type(ddp).__name__} (a single process needs no hook)")
+    if hook not in _HOOKS:
+        raise InvalidArgumentError(f"ddp_hooks.register: hook must be one of {sorted(_HOOKS)}, got {hook!r}")
+    state_class, function = _HOOKS[hook]
+    state = state_class(ddp.module, process_group=ddp.process_group, **options)
+    ddp.register_comm_hook(state, function)
+    return state
