@@ -17,7 +17,10 @@ the test accuracy after the last step. DDP's PowerSGD hook and our PowerSGD
 both run with one bucket (the hook needs it on Gloo, see make_run; ours with
 one_bucket=True, as auto runs it); DDP and its fp16 hook keep DDP's default
 buckets, ours the runtime's. "local" trains each rank alone, without
-communicating: the compute floor.
+communicating: the compute floor. "ddp_bagua_bytegrad_hook" and
+"ddp_bagua_powersgd_8bit_hook" are PyTorch's DDP with bagua's hooks
+(bagua.torch_api.ddp_hooks), the latter with one bucket as DDP's PowerSGD
+hook.
 
 With --breakdown the workers record a timeline (BAGUA_TIMELINE) and print,
 per rank, where each bagua kind's median step went: compute (to the last
@@ -47,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from common import gather_json, interleaved_windows, machine, quantiles, step_window  # noqa: E402
 
-KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "gradient_allreduce_flat",
+KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "ddp_bagua_bytegrad_hook", "ddp_bagua_powersgd_8bit_hook",
+         "gradient_allreduce", "gradient_allreduce_flat",
          "gradient_allreduce_hierarchical", "bytegrad", "bytegrad_hierarchical", "powersgd", "powersgd_8bit",
          "auto", "local"]
 DEFAULT_KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "bytegrad", "powersgd",
@@ -110,7 +114,7 @@ def make_run(kind, rank_r, lr, model_name="mlp"):
     if kind == "local":  # no communication: the compute floor of a step
         return model, opt
     if kind.startswith("ddp"):
-        if kind == "ddp_powersgd_hook":
+        if kind in ("ddp_powersgd_hook", "ddp_bagua_powersgd_8bit_hook"):
             # One DDP bucket for the hook: with several, its chained
             # allreduces (P, then Q from a callback) of different buckets
             # are issued in a different order on different ranks, and Gloo
@@ -130,6 +134,13 @@ def make_run(kind, rank_r, lr, model_name="mlp"):
                                                 start_powerSGD_iter=START_ITER, use_error_feedback=True,
                                                 warm_start=True)
             model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        elif kind.startswith("ddp_bagua_"):  # bagua's ops as DDP hooks (bagua.torch_api.ddp_hooks)
+            from bagua.torch_api import ddp_hooks
+
+            if kind == "ddp_bagua_bytegrad_hook":
+                ddp_hooks.register(model, "bytegrad")
+            else:
+                ddp_hooks.register(model, "powersgd", rank=rank_r, start_iter=START_ITER, low_precision=True)
         return model, opt
     from bagua.torch_api.algorithms.auto import AutoAlgorithm
     from bagua.torch_api.algorithms.bytegrad import ByteGradAlgorithm
