@@ -25,6 +25,12 @@ namespace {
 
 using CommPtr = std::shared_ptr<Communicator>;
 
+// Held by every call of every PythonStore into its Python store.
+std::mutex& store_calls_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 // PyTorch's c10d store (or any object with set/get/wait) as a bagua::Store.
 class PythonStore final : public Store {
  public:
@@ -100,8 +106,8 @@ class PythonStore final : public Store {
   // for the mutex never blocks the one holding it.
   template <typename Fn>
   void call(const char* what, const std::string& key, Fn&& fn) {
-    static std::mutex calls;
-    std::unique_lock lock(calls, std::defer_lock);
+    // One mutex for every call (a static local here would be one per Fn).
+    std::unique_lock lock(store_calls_mutex(), std::defer_lock);
     if (PyGILState_Check() != 0) {
       py::gil_scoped_release released;
       lock.lock();
