@@ -68,7 +68,7 @@ class PythonStore final : public Store {
       return;
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    auto pause = std::chrono::microseconds(100);
+    auto pause = std::chrono::microseconds(20);
     for (;;) {
       bool present = false;
       call("wait", first, [&] { present = store_->attr("check")(keys).cast<bool>(); });
@@ -83,7 +83,7 @@ class PythonStore final : public Store {
       } else {
         std::this_thread::sleep_for(pause);
       }
-      pause = std::min(pause * 2, std::chrono::microseconds(5000));
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
   }
 

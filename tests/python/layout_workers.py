@@ -131,7 +131,7 @@ def scenario_sparse(out_dir):
     # ByteGrad and floatgrad compress the buckets; the sparse rows go exact.
     results["bytegrad"] = train_sparse("bytegrad", rank)
     results["floatgrad"] = train_sparse("floatgrad", rank)
-    for name in ("qadam", "decentralized", "powersgd"):
+    for name in ("qadam", "decentralized", "powersgd", "auto", "async", "partial_allreduce"):
         try:
             model = Recommender()
             if name == "qadam":
@@ -139,7 +139,8 @@ def scenario_sparse(out_dir):
                 opt = q_adam.QAdamOptimizer(model.parameters(), lr=0.01)
                 model.with_bagua([opt], Algorithm.init(name, q_adam_optimizer=opt))
             else:
-                model.with_bagua([torch.optim.SGD(model.parameters(), lr=0.1)], Algorithm.init(name))
+                kwargs = {"partial_allreduce": dict(group_size=2)}.get(name, {})
+                model.with_bagua([torch.optim.SGD(model.parameters(), lr=0.1)], Algorithm.init(name, **kwargs))
             results[name] = None
         except bagua.InvalidArgumentError as caught:
             results[name] = str(caught)

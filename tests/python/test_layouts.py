@@ -51,5 +51,5 @@ def test_sparse_gradients_equal_ddp(world_size, tmp_path):
         assert len(skipped) == 5 and (rank != 1 or skipped[2] < rows[2]), skipped
         for name in ("bytegrad", "floatgrad"):  # the replica check ran every step
             assert all(torch.isfinite(w).all() for w in result[name]["weights"]), name
-        for name in ("qadam", "decentralized", "powersgd"):
+        for name in ("qadam", "decentralized", "powersgd", "auto", "async", "partial_allreduce"):
             assert result[name] is not None and "'table.weight'" in result[name], f"{name}: {result[name]}"

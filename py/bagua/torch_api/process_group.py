@@ -57,6 +57,10 @@ class BaguaProcessGroup:
         self._bucket_communicator = None
         self._hierarchy = None
         self._lock = threading.Lock()
+        # Engine groups released by removed engines, by creation number (see
+        # engine_group): connecting a new one costs a rendezvous.
+        self._free_engine_groups: List["EngineGroup"] = []
+        self._engine_groups_made = 0
 
     def get_rank(self) -> int:
         return self._communicator.rank if self._communicator is not None else -1
@@ -130,8 +134,23 @@ class BaguaProcessGroup:
     def engine_group(self) -> "EngineGroup":
         """The same ranks over connections of their own, for one wrapped
         module (see :class:`EngineGroup`). Collective over the group's
-        members."""
-        return EngineGroup(self)
+        members. One released by a removed engine is reused, the lowest
+        numbered first: every rank wraps and unwraps in the same order, so
+        every rank holds the same free ones and takes the same."""
+        with self._lock:
+            if self._free_engine_groups:
+                self._free_engine_groups.sort(key=lambda g: g.number)
+                return self._free_engine_groups.pop(0)
+            number = self._engine_groups_made
+            self._engine_groups_made += 1
+        return EngineGroup(self, number)
+
+    def release_engine_group(self, group: "EngineGroup") -> None:
+        """``group``'s engine was removed (its communication thread joined):
+        the next wrapped module may use its connections."""
+        with self._lock:
+            if group.parent is self and group not in self._free_engine_groups:
+                self._free_engine_groups.append(group)
 
     def __repr__(self) -> str:
         return f"BaguaProcessGroup({self.group_name}, ranks={self.ranks})"
@@ -152,16 +171,21 @@ class EngineGroup(BaguaProcessGroup):
     broadcast, bucket checks, the algorithm's agreements) and, on first use,
     one for its buckets' ops. Creating them is collective, in the order the
     ranks wrap their modules: every rank wraps the same modules in the same
-    order, as with DDP.
+    order, as with DDP. A removed engine's group goes back to its parent
+    for the next wrapped module (``release_engine_group``).
     """
 
-    def __init__(self, parent: BaguaProcessGroup):
+    def __init__(self, parent: BaguaProcessGroup, number: int):
         communicator = parent._member_communicator().new_group(list(range(parent.get_size())))
         super().__init__(parent.ranks, communicator, parent.group_name)
         self.parent = parent
+        self.number = number  # the parent's how-many-th
 
     def engine_group(self) -> "EngineGroup":
-        return EngineGroup(self.parent)
+        return self.parent.engine_group()
+
+    def release_engine_group(self, group: "EngineGroup") -> None:
+        self.parent.release_engine_group(group)
 
     def __repr__(self) -> str:
         return f"EngineGroup({self.group_name}, ranks={self.ranks})"

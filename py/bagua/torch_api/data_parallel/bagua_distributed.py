@@ -349,4 +349,6 @@ class BaguaDistributedDataParallel:
         finally:
             for tensor in self.bagua_tensors:
                 tensor._bagua_attach_backend(None)
-            self._bagua_backend = None
+            self._bagua_backend = None  # its communication thread is joined here
+            if self.engine_group is not self.process_group:
+                self.process_group.release_engine_group(self.engine_group)
