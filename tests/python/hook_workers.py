@@ -59,6 +59,18 @@ def scenario_equal(out_dir):
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def powersgd_ddp(model, kwargs, hook_state=None):
+    """``model`` in DDP with bagua's PowerSGD hook (its state loaded from
+    ``hook_state`` when given), and its SGD optimizer."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=100)
+    state = ddp_hooks.PowerSGDState(model, **kwargs)
+    if hook_state is not None:
+        state.load_state_dict(hook_state)
+    ddp.register_comm_hook(state, ddp_hooks.powersgd_hook)
+    return model, opt, ddp, state
+
+
 def scenario_powersgd(out_dir, low_precision):
     """PowerSGD's hook against with_bagua's PowerSGD, compressing from the
     third step; then the hook's state saved after 4 steps and loaded into a
@@ -83,23 +95,15 @@ def scenario_powersgd(out_dir, low_precision):
     # a fresh DDP and state loaded from the save, 3 more: the same bits.
     runs = []
     for resumed in (False, True):
-        model = mlp()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=100)
-        state = ddp_hooks.PowerSGDState(model, **kwargs)
-        ddp.register_comm_hook(state, ddp_hooks.powersgd_hook)
+        model, opt, ddp, state = powersgd_ddp(mlp(), kwargs)
         train(ddp, opt, rank, steps=4)
         saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
                  "opt": __import__("copy").deepcopy(opt.state_dict()), "hook": state.state_dict()}
         if resumed:
-            model = mlp()
-            model.load_state_dict(saved["model"])
-            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            fresh = mlp()
+            fresh.load_state_dict(saved["model"])
+            model, opt, ddp, state = powersgd_ddp(fresh, kwargs, saved["hook"])
             opt.load_state_dict(saved["opt"])
-            ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=100)
-            state = ddp_hooks.PowerSGDState(model, **kwargs)
-            state.load_state_dict(saved["hook"])
-            ddp.register_comm_hook(state, ddp_hooks.powersgd_hook)
         g = torch.Generator().manual_seed(500 + rank)
         for _ in range(3):
             x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)

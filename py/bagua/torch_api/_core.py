@@ -5,6 +5,9 @@ Every tensor handed to the runtime passes through :func:`tensor_view`, which is
 where bad input becomes a clear exception instead of a crash or wrong numbers.
 """
 
+import contextlib
+import threading
+
 import torch
 
 try:
@@ -100,6 +103,18 @@ def tensor_view(tensor, what: str = "tensor", allow_cuda: bool = False, any_dens
         )
     return core.TensorView(tensor.data_ptr(), tensor.numel(), dtype_name(tensor.dtype),
                            device_name(tensor.device))
+
+
+@contextlib.contextmanager
+def thread_setting(local: threading.local, name: str, value):
+    """Sets ``local.name`` to ``value`` on this thread while the block runs,
+    then puts back what was there (None when nothing was)."""
+    previous = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, previous)
 
 
 def log(level: str, message: str) -> None:

@@ -39,6 +39,7 @@ from bagua.torch_api._core import (
     device_name,
     dtype_name,
     tensor_view,
+    thread_setting,
 )
 # The group API, re-exported: Bagua's users import it from here.
 from bagua.torch_api import process_group as _process_group
@@ -113,12 +114,8 @@ def calls_known_to_match():
     round trip, as costly as a small allreduce) is skipped. A bucket's
     Python op runs in it (``BaguaBucket.append_python_op``): every rank runs
     the same ops in the same bucket order."""
-    previous = getattr(_known_to_match, "active", False)
-    _known_to_match.active = True
-    try:
+    with thread_setting(_known_to_match, "active", True):
         yield
-    finally:
-        _known_to_match.active = previous
 
 
 def _checks_enabled() -> bool:

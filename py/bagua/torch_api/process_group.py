@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence
 import torch.distributed as dist
 
 from bagua.torch_api import _exit, env
-from bagua.torch_api._core import InvalidArgumentError, core, log
+from bagua.torch_api._core import InvalidArgumentError, core, log, thread_setting
 
 __all__ = [
     "BaguaProcessGroup", "init_process_group", "is_initialized", "new_group",
@@ -200,12 +200,8 @@ _building = threading.local()
 @contextmanager
 def building_ops_for(engine_group: "EngineGroup"):
     """While an engine builds its buckets' ops on this thread."""
-    previous = getattr(_building, "group", None)
-    _building.group = engine_group
-    try:
+    with thread_setting(_building, "group", engine_group):
         yield
-    finally:
-        _building.group = previous
 
 
 def group_for_ops(group: Optional[BaguaProcessGroup]) -> BaguaProcessGroup:
