@@ -147,7 +147,7 @@ def make_run(kind, rank_r, lr, model_name="mlp"):
     from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
     from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm
 
-    algorithm = {"gradient_allreduce": lambda: GradientAllReduceAlgorithm(),  # its default
+    algorithm = {"gradient_allreduce": lambda: GradientAllReduceAlgorithm(),  # its default: hierarchical="auto"
                  "gradient_allreduce_flat": lambda: GradientAllReduceAlgorithm(hierarchical=False),
                  "gradient_allreduce_hierarchical": lambda: GradientAllReduceAlgorithm(hierarchical=True),
                  "bytegrad": lambda: ByteGradAlgorithm(hierarchical=False),
@@ -347,6 +347,10 @@ def worker(args):
         if kind == "auto":
             result[kind]["decision"] = AutoAlgorithm.decision(runs[kind][0])
             result[kind]["decisions"] = AutoAlgorithm.decisions(runs[kind][0])
+        engine = getattr(runs[kind][0], "bagua_ddp", None)
+        hierarchy = getattr(getattr(engine, "bagua_algorithm_impl", None), "hierarchy", None)
+        if hierarchy is not None:  # GradientAllReduce and its kin: the form of the allreduce, and why
+            result[kind]["hierarchy"] = hierarchy.decision
     # every rank's accuracy must agree (the synchronous kinds train one model)
     mine = torch.tensor([result[k]["accuracy"] for k in runs], dtype=torch.float64)
     spread = mine.clone()
@@ -368,6 +372,9 @@ def print_table(rate, result):
     for kind, q in result.items():
         ratio = f"{q['median'] / ddp:7.3f}" if ddp else "    n/a"
         note = f"  (chose {q['decision']['choice']})" if kind == "auto" and q.get("decision") else ""
+        if q.get("hierarchy") and "measured_step_s" in q["hierarchy"]:
+            measured = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in q["hierarchy"]["measured_step_s"].items())
+            note += f"  ({'hierarchical' if q['hierarchy']['hierarchical'] else 'flat'}: {measured} ms)"
         st = {k: v * 1e3 for k, v in q["stages_median"].items()}
         print(f"{kind:>20} {q['median'] * 1e3:10.1f} {q['p90'] * 1e3:9.1f} {ratio} {q['accuracy']:8.2f}%"
               f" | {st['forward']:6.1f} {st['backward']:7.1f} {st['step']:5.1f} {st['comm_op']:8.1f}{note}")

@@ -20,7 +20,7 @@ def test_with_bagua_before_init_process_group():
 
 
 def test_algorithm_argument_out_of_range():
-    with pytest.raises(bagua.InvalidArgumentError, match="hierarchical must be True or False"):
+    with pytest.raises(bagua.InvalidArgumentError, match="hierarchical must be True, False or .auto."):
         GradientAllReduceAlgorithm(hierarchical=3)
     with pytest.raises(ValueError):  # also a ValueError
         GradientAllReduceAlgorithm(average=None)
@@ -45,7 +45,7 @@ def test_bad_input_raises_on_every_rank(world_size, tmp_path):
         expect("dtypes_differ", "InvalidArgumentError", "rank 0: float64[4]")
         expect("bad_reduce_op", "InvalidArgumentError", "not supported")
         expect("bad_root", "InvalidArgumentError", "is not a rank")
-        expect("algorithm_argument", "ValueError", "hierarchical must be True or False")
+        expect("algorithm_argument", "ValueError", "hierarchical must be True, False or 'auto'")
         expect("bad_optimizer_list", "InvalidArgumentError", "torch.optim.Optimizer")
         assert result["second_with_bagua"] is None  # switches algorithm, as in Bagua
         assert result["rewrap_after_reset"] is None

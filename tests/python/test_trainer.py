@@ -37,3 +37,16 @@ def test_accelerate_with_bagua_hook(tmp_path):
     results = run_workers("accelerate", 2, tmp_path, script=SCRIPT, timeout=400)
     assert all(r["bytegrad/wrapped"] == "DistributedDataParallel" for r in results)
     _check(results, "plain", "bytegrad")
+
+
+def test_trainer_ends_on_the_weights_of_the_same_loop_by_hand(tmp_path):
+    """BaguaHookTrainer's weights equal, bit for bit, those of DDP with the
+    same hook registered by hand, fed the batches Trainer handed out."""
+    results = run_workers("trainer_by_hand", 2, tmp_path, script=SCRIPT, timeout=400)
+    for rank, result in enumerate(results):
+        assert result["losses_equal"] == [True] * 4, f"rank {rank}: the loss by hand is not Trainer's"
+        assert all(n is not None for n in result["num_items"]), result["num_items"]
+        for i, (a, b) in enumerate(zip(result["trainer"], result["by_hand"])):
+            assert torch.equal(a, b), f"rank {rank} tensor {i}: Trainer and the loop by hand differ"
+        for a, b in zip(result["trainer"], results[0]["trainer"]):
+            assert torch.equal(a, b), f"rank {rank}: replicas differ"

@@ -26,16 +26,73 @@ def dataset():
     return [{"input_ids": t, "labels": t} for t in tokens]
 
 
-def train(trainer_class, out_dir, name, **extra):
+def training_arguments(out_dir, name, **extra):
     from transformers import TrainingArguments
-    model = gpt2()
-    args = TrainingArguments(output_dir=os.path.join(out_dir, name), per_device_train_batch_size=4, max_steps=4,
+    return TrainingArguments(output_dir=os.path.join(out_dir, name), per_device_train_batch_size=4, max_steps=4,
                              learning_rate=1e-3, report_to=[], save_strategy="no", logging_strategy="no",
-                             use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True)
-    trainer = trainer_class(model=model, args=args, train_dataset=dataset(), **extra)
+                             use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True, **extra)
+
+
+def train(trainer_class, out_dir, name, **extra):
+    model = gpt2()
+    trainer = trainer_class(model=model, args=training_arguments(out_dir, name), train_dataset=dataset(), **extra)
     trainer.train()
     wrapped = type(trainer.model_wrapped).__name__
     return trainer, [p.detach().clone() for p in model.parameters()], wrapped
+
+
+def recording_trainer():
+    """BaguaHookTrainer that keeps what each step's loss was computed from:
+    the batch Trainer handed this rank, its num_items_in_batch, the loss."""
+    from bagua.torch_api.contrib.huggingface import BaguaHookTrainer
+
+    class RecordingTrainer(BaguaHookTrainer):
+        steps = []
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            self.steps.append(({k: v.detach().clone() for k, v in inputs.items()}, num_items_in_batch,
+                               loss.detach().clone()))
+            return loss
+
+    return RecordingTrainer
+
+
+def scenario_trainer_by_hand(out_dir):
+    """Trainer with SGD at a constant rate and no clipping, against the loop
+    a user writes: DDP, the same hook by ddp_hooks.register, the same
+    batches (Trainer's, as it handed them out), the loss as Trainer scales
+    it (summed over tokens / the tokens of every rank, times the world size)."""
+    from bagua.torch_api import ddp_hooks
+    from transformers import Trainer
+    simple = dict(optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0, weight_decay=0.0)
+    cls = recording_trainer()
+    model = gpt2()
+    trainer = cls(model=model, args=training_arguments(out_dir, "trainer", **simple), train_dataset=dataset(),
+                  bagua_hook="bytegrad")
+    trainer.train()
+    by_trainer = [p.detach().clone() for p in model.parameters()]
+    assert isinstance(trainer, Trainer) and len(cls.steps) == 4
+
+    model = gpt2()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp_hooks.register(ddp, "bytegrad")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    world = torch.distributed.get_world_size()
+    losses_equal = []
+    for inputs, num_items, recorded in cls.steps:
+        opt.zero_grad()
+        extra = {} if num_items is None else {"num_items_in_batch": num_items}
+        loss = ddp(**inputs, **extra)["loss"]
+        if num_items is not None:
+            loss = loss * world
+        losses_equal.append(torch.equal(loss.detach(), recorded))
+        loss.backward()
+        opt.step()
+    by_hand = [p.detach().clone() for p in model.parameters()]
+    torch.save({"trainer": by_trainer, "by_hand": by_hand, "losses_equal": losses_equal,
+                "num_items": [None if n is None else int(n) for _, n, _ in cls.steps]},
+               os.path.join(out_dir, f"rank{torch.distributed.get_rank()}.pt"))
 
 
 def scenario_trainer(out_dir):

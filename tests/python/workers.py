@@ -74,8 +74,14 @@ def scenario_ddp_equivalence(out_dir):
             algorithm = (GradientAllReduceAlgorithm() if v["hierarchical"] is None
                          else GradientAllReduceAlgorithm(hierarchical=v["hierarchical"]))
             model = model.with_bagua([opt], algorithm, do_flatten=v["do_flatten"])
+            forms = []  # the form each step's buckets ran in
+            model.register_forward_pre_hook(
+                lambda module, inputs: forms.append(module.bagua_ddp.bagua_algorithm_impl.hierarchical))
             results[f"bagua/{kind}/{name}"] = train(model, opt, data, set_to_none=v["set_to_none"])
             results[f"buckets/{kind}/{name}"] = [len(b.tensors) for b in model.bagua_buckets]
+            if name == "default":
+                results[f"decision/{kind}"] = model.bagua_ddp.bagua_algorithm_impl.hierarchy.decision
+                results[f"forms/{kind}"] = forms
     from bagua.torch_api.process_group import _get_default_group
 
     results["two_levels"] = _get_default_group().spans_nodes_of_several_ranks()
