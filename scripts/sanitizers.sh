@@ -20,6 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh >/dev/null
+source scripts/ccache_env.sh
 
 target=bagua_cpp_tests
 build_options=(--buildtype=debugoptimized)

@@ -171,11 +171,25 @@ class GlooCommunicator final : public Communicator {
         })) {
       return;
     }
-    collective<::gloo::AllgatherOptions>("allgather", ::gloo::allgather, [&](auto& opts) {
-      // Gloo reads this rank's slice from the output buffer when the input
-      // aliases it; a separate input is the general case.
-      opts.setInput(send.bytes(), send.nbytes());
-      opts.setOutput(recv.bytes(), recv.nbytes());
+    // This rank's chunk goes to every peer at once, and every peer's chunk
+    // is received into its slot: the bytes of Gloo's ring (n - 1 chunks out
+    // per rank), without its n - 1 rounds, which on a shaped link took 1.3x
+    // their bytes' time at 2 ranks. An input that aliases its own slot of
+    // the output is fine: it is only read.
+    const std::size_t chunk = send.nbytes();
+    run("allgather", [&] {
+      auto out = context_->createUnboundBuffer(send.data, chunk);
+      auto in = context_->createUnboundBuffer(recv.data, recv.nbytes());
+      for (int peer = 0; peer < size(); ++peer) {
+        if (peer != rank_) in->recv(peer, next_slot(recv_sequence_, peer), peer * chunk, chunk);
+      }
+      for (int peer = 0; peer < size(); ++peer) {
+        if (peer != rank_) out->send(peer, next_slot(send_sequence_, peer), 0, chunk);
+      }
+      const std::size_t own = static_cast<std::size_t>(rank_) * chunk;
+      if (send.bytes() != recv.bytes() + own) std::memcpy(recv.bytes() + own, send.bytes(), chunk);
+      for (int peer = 1; peer < size(); ++peer) out->waitSend(options_.timeout);
+      for (int peer = 1; peer < size(); ++peer) in->waitRecv(options_.timeout);
     });
   }
 
@@ -225,9 +239,30 @@ class GlooCommunicator final : public Communicator {
         })) {
       return;
     }
-    collective<::gloo::AlltoallOptions>("alltoall", ::gloo::alltoall, [&](auto& opts) {
-      opts.setInput(send.bytes(), send.nbytes());
-      opts.setOutput(recv.bytes(), recv.nbytes());
+    // Every peer's chunk is posted at once, receives first, then waited
+    // for. Gloo's own alltoall took twice its bytes' time on a shaped link
+    // (2 ranks, 4 MB at 100 Mbit/s: 0.34 s, against 0.17 s for the 2 MB
+    // each rank sends), which made ByteGrad's exchange as slow as fp16's.
+    const std::size_t chunk = send.nbytes() / static_cast<std::size_t>(size());
+    std::vector<std::byte> in_place_copy;  // in place, a chunk could arrive before its own left
+    std::byte* outgoing = send.bytes();
+    if (send.data == recv.data) {
+      in_place_copy.assign(send.bytes(), send.bytes() + send.nbytes());
+      outgoing = in_place_copy.data();
+    }
+    run("alltoall", [&] {
+      auto out = context_->createUnboundBuffer(outgoing, send.nbytes());
+      auto in = context_->createUnboundBuffer(recv.data, recv.nbytes());
+      for (int peer = 0; peer < size(); ++peer) {
+        if (peer != rank_) in->recv(peer, next_slot(recv_sequence_, peer), peer * chunk, chunk);
+      }
+      for (int peer = 0; peer < size(); ++peer) {
+        if (peer != rank_) out->send(peer, next_slot(send_sequence_, peer), peer * chunk, chunk);
+      }
+      const std::size_t own = static_cast<std::size_t>(rank_) * chunk;
+      if (outgoing != recv.bytes()) std::memcpy(recv.bytes() + own, outgoing + own, chunk);
+      for (int peer = 1; peer < size(); ++peer) out->waitSend(options_.timeout);
+      for (int peer = 1; peer < size(); ++peer) in->waitRecv(options_.timeout);
     });
   }
 
