@@ -24,9 +24,11 @@ unsafe): one select loop, children reaped on SIGCHLD through a wakeup pipe.
 It exits when its parent's pipe closes.
 """
 
+import atexit
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -206,6 +208,16 @@ class _Server:
         if self.process.stdout.readline().strip() != b"ready":
             raise RuntimeError("the fork server did not start")
 
+    def close(self) -> None:
+        """Ends the server (it leaves when its stdin closes) and removes its
+        socket's directory, which would otherwise stay in /tmp."""
+        try:
+            self.process.stdin.close()
+            self.process.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
     def spawn(self, argv, env, cwd, log):
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(self.path)
@@ -215,6 +227,12 @@ class _Server:
 
 
 _servers = {}
+
+
+@atexit.register
+def _close_servers() -> None:
+    for server in _servers.values():
+        server.close()
 
 
 def spawn_worker(index: int, argv, env: dict, log):
