@@ -24,6 +24,12 @@ class GradientAllReduceAlgorithmImpl(AlgorithmImpl):
         """The form of the buckets' ops from the next step on."""
         return self.hierarchy.hierarchical
 
+    @hierarchical.setter
+    def hierarchical(self, setting: Union[bool, str]) -> None:
+        # Algorithms written for Bagua subclass this impl and set the
+        # attribute: a value fixes the form (or measures again, "auto").
+        self.hierarchy = HierarchyChoice(setting, self.process_group)
+
     def need_reset(self) -> bool:
         return self.hierarchy.take_switch()
 

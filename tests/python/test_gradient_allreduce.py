@@ -50,3 +50,18 @@ def test_gradient_allreduce_equals_ddp(world_size, tmp_path):
         for kind in ("sgd", "adam"):
             for ours, rank0 in zip(result[f"bagua/{kind}/flat"], results[0][f"bagua/{kind}/flat"]):
                 assert torch.equal(ours, rank0)
+
+
+def test_a_subclass_setting_hierarchical_fixes_the_form():
+    """Bagua's impl kept ``hierarchical`` as a plain attribute, and algorithms
+    written for it set it: that still works, and fixes the form."""
+    from bagua.torch_api.algorithms.gradient_allreduce import GradientAllReduceAlgorithmImpl
+
+    class Flat(GradientAllReduceAlgorithmImpl):
+        def __init__(self, process_group):
+            super().__init__(process_group, hierarchical=True)
+            self.hierarchical = False
+
+    impl = Flat(process_group=None)
+    assert impl.hierarchical is False and not impl.hierarchy.measuring
+    assert impl.need_reset() is False
