@@ -84,7 +84,7 @@ class GradientAllReduceAlgorithm(Algorithm):
                 ``model.bagua_ddp.bagua_algorithm_impl.hierarchy.decision``).
             average: average the gradients (True) or sum them (False).
         """
-        if hierarchical not in (True, False, "auto") or not isinstance(hierarchical, (bool, str)):
+        if not (isinstance(hierarchical, bool) or hierarchical == "auto"):
             raise InvalidArgumentError(f"{type(self).__name__}: hierarchical must be True, False or 'auto', "
                                        f"got {hierarchical!r}")
         ArgumentChecks(type(self).__name__).flags(average=average)
