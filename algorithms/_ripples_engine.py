@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Union
 
 from bagua.torch_api._core import core
 
-__all__ = ["static_schedule", "Group", "GroupGeneratorEngine"]
+__all__ = ["static_schedule", "paper_static_schedule", "Group", "GroupGeneratorEngine"]
 
 Group = core.Group
 Group.__doc__ = """A group of ranks that P-Reduce together.
@@ -42,23 +42,37 @@ def _rank(engine_world_size: int, rank) -> int:
 
 
 def static_schedule(rank: int, step: int, world_size: int, local_size: int) -> List[int]:
-    """The group ``rank`` P-Reduces with at ``step`` under Ripples' static schedule.
+    """The group ``rank`` P-Reduces with at ``step`` under the static schedule.
 
     A pure function: every member computes the same group, so the groups of a
     step are disjoint and need no group generator. Returns the sorted member
     list, which contains ``rank``; ``[rank]`` alone means no sync at this step.
     Nodes are ``local_size`` consecutive ranks (the last may be smaller);
-    phase = step mod 4: phases 1 and 3 average each node; phase 0 joins the
-    local worker 0 of every node and pairs local workers 2-3, 4-5, ...; phase 2
-    pairs local workers 0-3, 4-6, 5-7, ... and local worker 1 with local worker
-    1 of the opposite node on a ring. Reproduces the paper's table for
-    ``local_size`` 4; the schedule ignores any group size.
+    phase = step mod 4. The groups of Ripples' table
+    (:func:`paper_static_schedule`): phases 1 and 3 average each node; phase
+    0 joins the local worker 0 of every node and pairs local workers 2-3,
+    4-5, ...; phase 2 pairs local workers 0-3, 4-6, 5-7, ... and local worker
+    1 with local worker 1 of the opposite node on a ring. The ranks the table
+    leaves idle in phases 0 and 2 average with the idle ranks of the same
+    local index on the other nodes, and with one rank per node, phases 1 and
+    3 pair neighbouring ranks (docs/ripples.md, "Static schedule"). The
+    schedule ignores any group size.
     """
+    return core.static_schedule(*_schedule_args(rank, step, world_size, local_size))
+
+
+def paper_static_schedule(rank: int, step: int, world_size: int, local_size: int) -> List[int]:
+    """The group of the Ripples paper's static table, exactly (idle ranks
+    alone); :func:`static_schedule` is what the algorithm runs."""
+    return core.paper_static_schedule(*_schedule_args(rank, step, world_size, local_size))
+
+
+def _schedule_args(rank, step, world_size, local_size):
     world_size = _int("world_size", world_size, 1)
     local_size = _int("local_size", local_size, 1)
     step = _int("step", step, 0)
     rank = _rank(world_size, rank)
-    return core.static_schedule(rank, step, world_size, local_size)
+    return rank, step, world_size, local_size
 
 
 class GroupGeneratorEngine:

@@ -125,8 +125,16 @@ void bind_ripples(py::module_& m) {
         return static_schedule(rank, step, world_size, local_size);
       },
       py::arg("rank"), py::arg("step"), py::arg("world_size"), py::arg("local_size"),
-      "The sorted group `rank` P-Reduces with at `step` under Ripples' static schedule "
-      "([rank] alone: no sync at this step).");
+      "The sorted group `rank` P-Reduces with at `step` under the static schedule: the "
+      "paper's groups, its idle ranks grouped across nodes ([rank] alone: no sync at this "
+      "step).");
+  m.def(
+      "paper_static_schedule",
+      [](int rank, std::int64_t step, int world_size, int local_size) {
+        return paper_static_schedule(rank, step, world_size, local_size);
+      },
+      py::arg("rank"), py::arg("step"), py::arg("world_size"), py::arg("local_size"),
+      "The group of the Ripples paper's static table, idle ranks left alone.");
 
   py::class_<Group>(m, "Group", "A group of ranks that P-Reduce together, with its global id.")
       .def(py::init([](std::uint64_t id, std::vector<int> ranks) {

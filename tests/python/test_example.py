@@ -71,7 +71,7 @@ def test_algorithm_converges_like_gradient_allreduce(algorithm, gradient_allredu
             assert solo <= executed / 2 and mean_size >= 1.5, (algorithm, groups)
 
 
-def run_example_on_nodes(tmp_path, algorithm, nodes=2, per_node=4, epochs=30):
+def run_example_on_nodes(tmp_path, algorithm, nodes=2, per_node=4, epochs=30, seed=0):
     """The example on ``nodes`` simulated nodes of ``per_node`` ranks (one
     launcher per node, as on a cluster): P-Reduce's smart generator then
     alternates groups across nodes (one head each) and within them."""
@@ -81,7 +81,7 @@ def run_example_on_nodes(tmp_path, algorithm, nodes=2, per_node=4, epochs=30):
         [sys.executable, "-m", "bagua.distributed.launch", "--nnodes", str(nodes), "--node_rank", str(node),
          "--nproc_per_node", str(per_node), "--master_addr", "127.0.0.1", "--master_port", str(port),
          str(ROOT / "examples" / "digits_mlp.py"), "--algorithm", algorithm, "--epochs", str(epochs),
-         "--results", str(results)], cwd=ROOT) for node in range(nodes)]
+         "--seed", str(seed), "--results", str(results)], cwd=ROOT) for node in range(nodes)]
     for launcher in launchers:
         assert launcher.wait(timeout=600) == 0, algorithm
     return json.loads(results.read_text())
@@ -98,3 +98,18 @@ def test_smart_p_reduce_on_two_nodes_of_four_converges_like_gradient_allreduce(t
     accuracies = list(metrics["rank_accuracies"]) + list(metrics["own_model_accuracies"])
     assert sum(accuracies) / len(accuracies) >= reference["test_accuracy"] - 0.015, (metrics, reference)
     assert min(accuracies) >= reference["test_accuracy"] - 0.03, (metrics, reference)
+
+
+def test_static_p_reduce_on_two_nodes_of_four_keeps_every_rank_near_gradient_allreduce(tmp_path):
+    """Issue 44: the static schedule at world 8 as 2 nodes of 4. The paper's
+    table links the nodes only through two of each node's ranks, and each
+    rank ended on its own last update: in this run (10 epochs, seed 2) rank
+    4's own model reached 89.78 % against GradientAllReduce's 94.67 %. With
+    the table's idle ranks grouped across nodes and one more period of the
+    schedule for the final weights, every rank's own model must be within
+    1.5 points (the schedule is deterministic: no timing-dependent slack)."""
+    reference = run_example_on_nodes(tmp_path, "gradient_allreduce", epochs=10, seed=2)
+    metrics = run_example_on_nodes(tmp_path, "partial_allreduce_static", epochs=10, seed=2)
+    assert reference["world_size"] == metrics["world_size"] == 8
+    for accuracy in list(metrics["rank_accuracies"]) + list(metrics["own_model_accuracies"]):
+        assert accuracy >= reference["test_accuracy"] - 0.015, (metrics, reference)

@@ -12,6 +12,7 @@ from bagua.torch_api import InvalidArgumentError
 from bagua.torch_api.algorithms._ripples_engine import (
     Group,
     GroupGeneratorEngine,
+    paper_static_schedule,
     static_schedule,
 )
 
@@ -26,10 +27,26 @@ def test_static_schedule_paper_table():
     for period in range(3):
         for phase, expected in enumerate([phase0, intra, phase2, intra]):
             step = 4 * period + phase
-            got = {tuple(static_schedule(r, step, 16, 4)) for r in range(16)}
+            got = {tuple(paper_static_schedule(r, step, 16, 4)) for r in range(16)}
             assert got == expected, (step, got)
+    assert paper_static_schedule(5, 2, 16, 4) == [5, 13]
+    assert isinstance(paper_static_schedule(0, 0, 1, 1), list)
+
+
+def test_static_schedule_groups_the_tables_idle_ranks_across_nodes():
+    """The schedule the algorithm runs: the paper's groups, and the ranks the
+    table leaves alone in phases 0 and 2 averaging with their counterparts
+    on the other nodes."""
+    phase0 = {(0, 4, 8, 12), (2, 3), (6, 7), (10, 11), (14, 15), (1, 5, 9, 13)}
+    intra = {(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)}
+    phase2 = {(0, 3), (4, 7), (8, 11), (12, 15), (1, 9), (5, 13), (2, 6, 10, 14)}
+    for phase, expected in enumerate([phase0, intra, phase2, intra]):
+        assert {tuple(static_schedule(r, phase, 16, 4)) for r in range(16)} == expected, phase
     assert static_schedule(5, 2, 16, 4) == [5, 13]
     assert isinstance(static_schedule(0, 0, 1, 1), list)
+    # One rank per node: matchings between the global groups.
+    assert {tuple(static_schedule(r, 1, 5, 1)) for r in range(5)} == {(0, 1), (2, 3), (4,)}
+    assert {tuple(static_schedule(r, 3, 4, 1)) for r in range(4)} == {(0, 3), (1, 2)}
 
 
 @pytest.mark.parametrize(
@@ -53,37 +70,75 @@ def test_static_schedule_argument_errors(args, message):
 
 def test_static_schedule_numpy_ints():
     assert static_schedule(np.int64(1), np.int32(2), 16, 4) == [1, 9]
+    assert paper_static_schedule(np.int64(1), np.int32(2), 16, 4) == [1, 9]
 
 
-def replay_distance(world_size, local_size, steps=40, dim=256, seed=0):
+def replay_distance(world_size, local_size, steps=40, dim=256, seed=0, schedule=static_schedule):
     """||X - mean||_F after `steps` serial steps over the start's."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((world_size, dim))
     start = np.linalg.norm(x - x.mean(axis=0))
     for step in range(steps):
-        seen = set()
-        for r in range(world_size):
-            group = tuple(static_schedule(r, step, world_size, local_size))
-            if group in seen or len(group) == 1:
-                continue
-            seen.add(group)
+        for group in _groups(schedule, step, world_size, local_size):
             x[list(group)] = x[list(group)].mean(axis=0)
     return np.linalg.norm(x - x.mean(axis=0)) / start
 
 
-# The design's figures (docs/ripples.md, 5.2): relative distance after 40 steps.
+def _groups(schedule, step, world_size, local_size):
+    """The step's groups with company, each once."""
+    groups = {tuple(schedule(r, step, world_size, local_size)) for r in range(world_size)}
+    return [g for g in groups if len(g) > 1]
+
+
+# The design's figures (docs/ripples.md, 5.2): relative distance after 40 steps
+# under the paper's table.
 DESIGN_DISTANCE = {(16, 4): 0.017, (8, 4): 0.0012, (8, 2): 0.00056, (4, 2): 1e-6, (6, 3): 1.6e-4}
 
 
 @pytest.mark.parametrize("world_size, local_size", sorted(DESIGN_DISTANCE))
 def test_static_schedule_serial_replay_matches_the_design(world_size, local_size):
-    got = [replay_distance(world_size, local_size, seed=s) for s in range(3)]
+    paper = [replay_distance(world_size, local_size, seed=s, schedule=paper_static_schedule) for s in range(3)]
+    ours = [replay_distance(world_size, local_size, seed=s) for s in range(3)]
     expected = DESIGN_DISTANCE[(world_size, local_size)]
-    print(f"static {world_size}/L{local_size}: relative distance after 40 steps {got} "
-          f"(design {expected})")
-    for value in got:
+    print(f"static {world_size}/L{local_size}: relative distance after 40 steps, the paper's table {paper}, "
+          f"ours {ours} (design {expected})")
+    for value, mine in zip(paper, ours):
         # Within a factor 2 of the design's figure (random starts differ).
         assert abs(math.log10(value) - math.log10(expected)) <= math.log10(2), (value, expected)
+        # Putting the table's idle ranks to work never mixes less.
+        assert mine <= value * 1.0001, (mine, value)
+
+
+def steady_drift(schedule, world_size, local_size, steps=1500, dim=64, seed=0):
+    """Serial replay where every rank adds unit noise after each step (its
+    own update): the mean squared distance to the mean right after the
+    noise, per coordinate, in steady state. A global average every step gives
+    (n - 1) / n; no averaging grows without bound."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((world_size, dim))
+    drift = []
+    for step in range(steps):
+        for group in _groups(schedule, step, world_size, local_size):
+            x[list(group)] = x[list(group)].mean(axis=0)
+        x += rng.standard_normal(x.shape)
+        if step >= 100:
+            drift.append(((x - x.mean(axis=0)) ** 2).sum(axis=1).mean() / dim)
+    return float(np.mean(drift))
+
+
+@pytest.mark.parametrize("world_size, local_size", [(4, 1), (4, 2), (6, 2), (6, 4), (8, 1), (8, 2), (8, 4)])
+def test_static_schedule_keeps_the_nodes_together(world_size, local_size):
+    """Issue 44: under the paper's table the nodes' models drift apart (its
+    only links between nodes are one group of local workers 0 and pairs of
+    local workers 1), and at 8 ranks on 2 nodes of 4 the second node's
+    models ended 2-4 points below GradientAllReduce's on digits. The drift
+    of the schedule the algorithm runs stays near random groups of 3's
+    (1.04-1.23 at these world sizes); the paper's table's was 1.38-2.19."""
+    paper = steady_drift(paper_static_schedule, world_size, local_size)
+    ours = steady_drift(static_schedule, world_size, local_size)
+    print(f"static {world_size}/L{local_size}: steady drift, the paper's table {paper:.2f}, ours {ours:.2f}")
+    assert ours <= 1.3, (ours, paper)
+    assert ours <= paper, (ours, paper)
 
 
 def test_static_schedule_one_node_reaches_consensus():
