@@ -256,6 +256,11 @@ class GroupGeneratorEngine:
         """Nothing pending, queued or executing."""
         return self._engine.drained()
 
+    def final_round_id(self) -> Optional[int]:
+        """Once every rank lingered to the end (none left first): an id above
+        every group's; else None."""
+        return self._engine.final_round_id()
+
     def __repr__(self) -> str:
         return (
             f"GroupGeneratorEngine(world_size={self._world_size}, group_size={self.group_size}, "

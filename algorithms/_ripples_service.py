@@ -92,6 +92,12 @@ class GroupGenerator:
         self._service.close()
         self._closed = True
 
+    def final_round_id(self) -> Optional[int]:
+        """After ``close(linger=True)``: when every rank lingered to the end
+        (none left first), the first group id after every group the
+        generator created, the same on every rank; else None."""
+        return self._service.final_round_id()
+
     def history(self) -> list:
         """[(id, ranks, t_start, t_end)] of the groups this rank executed
         (time.monotonic() seconds), oldest first."""

@@ -92,6 +92,7 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
         self._failed = None      # the error of a failed P-Reduce: no draining after it
         self._history: List[HistoryEntry] = []
         self._drained = 0              # groups executed after abort
+        self._final_groups = 0         # of them, the final period's (see _final_period)
         self._schedule_ms: List[float] = []  # static: computing each group
         self._generator_stats = None   # the last generator's stats(), once it is dropped
         self._waited_s = 0.0
@@ -294,6 +295,11 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
                 self._final_group(buffers, last_step)
             self._generator.close(drain=lambda group: self._execute(group, buffers, last_step, drained=True),
                                   linger=linger)
+            final_round_id = self._generator.final_round_id()
+            if self.overlap and final_round_id is not None:
+                # Every rank lingered to the end and is here: the same
+                # final period as static's, under ids above every group's.
+                self._final_period(buffers, last_step, [(phase, final_round_id + phase) for phase in range(4)])
         else:
             self._drain_static(bagua_ddp, buffers, linger)
         with torch.no_grad():
@@ -334,20 +340,31 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
             self._final_static_period(buffers, step, last_step)
 
     def _final_static_period(self, buffers, step: int, last_step: int) -> None:
-        """The final weights through one more period of the schedule (the
-        static counterpart of random's and smart's final group). With overlap
-        each rank applied its last update after its last P-Reduce: without
-        this, each rank's model ends one local update (its own momentum)
-        away from the others', up to 5 accuracy points below them on digits,
-        and one more group (a pair, at some phases) only halved that. One
-        period's groups connect every rank, so each rank's last update
-        reaches all. Every rank leaves the drain at the same step (one past
-        the last any rank trained): they all compute the same groups."""
-        for _ in range(4):
-            while not self._is_communication_step(step):
-                step += 1
-            self._execute(self._scheduled_group(step), buffers, last_step, drained=True)
+        """The final weights through one more period of the schedule, on the
+        next communication steps (see _final_period). Every rank leaves the
+        drain at the same step (one past the last any rank trained): they
+        all compute the same groups."""
+        steps = []
+        while len(steps) < 4:
+            if self._is_communication_step(step):
+                steps.append(((step - 1) // self.communication_interval, step))
             step += 1
+        self._final_period(buffers, last_step, steps)
+
+    def _final_period(self, buffers, last_step: int, phases) -> None:
+        """P-Reduces the final weights in this rank's static-schedule group
+        at each (schedule step, group id) of ``phases``, one period. With
+        overlap each rank applied its last update after its last P-Reduce:
+        without this, each rank's model ends one local update (its own
+        momentum) away from the others', up to 5 accuracy points below
+        them on digits (static; smart left a node 2-4 points below), and
+        one more group (a pair, at some phases) only halved that. One
+        period's groups connect every rank, so each rank's last update
+        reaches all."""
+        for schedule_step, group_id in phases:
+            ranks = static_schedule(self._comm.rank, schedule_step, self._comm.size, self.local_size)
+            self._execute(Group(group_id, ranks), buffers, last_step, drained=True)
+            self._final_groups += 1
 
     def resume(self, bagua_ddp) -> None:
         """Collective: starts P-Reducing again."""
@@ -378,7 +395,8 @@ class PartialAllReduceAlgorithmImpl(AlgorithmImpl):
             stats = group_stats(sizes, self._schedule_ms, 0)
         stats.update({"executed": len(self._history), "executed_solo": sum(1 for s in sizes if s == 1),
                       "executed_mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0,
-                      "drained": self._drained, "waited_s": self._waited_s,
+                      "drained": self._drained, "final_period": self._final_groups,
+                      "waited_s": self._waited_s,
                       "reduce_s": sum(h.t_end - h.t_start for h in self._history)})
         return stats
 

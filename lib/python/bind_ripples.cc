@@ -100,6 +100,9 @@ void bind_group_generator_service(py::module_& m) {
       .def("leave", &GroupGeneratorService::leave, ReleaseGil())
       .def("linger", &GroupGeneratorService::linger, ReleaseGil())
       .def("close", &GroupGeneratorService::close, ReleaseGil())
+      .def("final_round_id", &GroupGeneratorService::final_round_id,
+           "After linger and DONE: the first id after every group, when every rank lingered "
+           "to the end (the same on every rank); else None.")
       .def_property_readonly("rank", &GroupGeneratorService::rank)
       .def_property_readonly("host_rank", &GroupGeneratorService::host_rank)
       .def("engine_stats", [](const GroupGeneratorService& s) { return to_dict(s.engine_stats()); })
@@ -184,6 +187,7 @@ void bind_ripples(py::module_& m) {
       .def("complete", &E::complete, py::arg("rank"), py::arg("group_id"))
       .def("leave", &E::leave, py::arg("rank"))
       .def("linger", &E::linger, py::arg("rank"))
+      .def("final_round_id", &E::final_round_id)
       .def("is_lingering", &E::is_lingering, py::arg("rank"))
       .def("lock_vector", &E::lock_vector)
       .def("buffer", &E::buffer, py::arg("rank"))

@@ -159,6 +159,8 @@ void GroupGeneratorEngine::release_if_all_linger() {
     anyone = true;
   }
   if (!anyone) return;
+  const bool none_left = std::none_of(left_.begin(), left_.end(), [](bool left) { return left; });
+  if (none_left) final_round_id_ = next_id_;
   for (int w = 0; w < options_.world_size; ++w) {
     if (!left_[static_cast<std::size_t>(w)]) mark_left(w);
   }

@@ -122,12 +122,15 @@ std::optional<Group> GroupGeneratorService::acquire() {
                       control_->timeout().count()));
     }
     reply = *std::exchange(local_reply_, std::nullopt);
+    if (reply.kind == ReplyKind::kDone) final_round_id_ = engine_->final_round_id();
     const std::lock_guard record(record_mutex_);
     max_buffer_len_ = engine_->stats().max_buffer_len;
   } else {
     const auto message = ask(kRequest, last_round_trip_us_, true);
     if (message[kKind] == kDoneReply) {
       reply.kind = ReplyKind::kDone;
+      // Group ids start at 1: 0 says some rank left before the end.
+      if (message[kGroupId] > 0) final_round_id_ = static_cast<std::uint64_t>(message[kGroupId]);
     } else {
       reply.kind = ReplyKind::kGroup;
       reply.group = decode_group(message);
@@ -461,7 +464,10 @@ std::vector<GroupGeneratorService::Delivery> GroupGeneratorService::deliver(
     changed_.notify_all();
     return {};
   }
-  if (reply.kind == ReplyKind::kDone) return {answer(rank, encode(kDoneReply, 0))};
+  if (reply.kind == ReplyKind::kDone) {
+    const auto final_round = engine_->final_round_id().value_or(0);
+    return {answer(rank, encode(kDoneReply, static_cast<std::int64_t>(final_round)))};
+  }
   return {answer(
       rank, encode(kGroupReply, static_cast<std::int64_t>(reply.group.id), reply.group.ranks))};
 }

@@ -585,7 +585,38 @@ TEST_CASE(
     CHECK(engine.request(1).kind == ReplyKind::kDone);
     CHECK(engine.waiting().empty());
     CHECK(engine.drained());
+    CHECK(!engine.final_round_id());  // rank 2 left first: no final round together
   }
+}
+
+TEST_CASE("group generator: every rank lingering to the end names a final round id") {
+  GroupGeneratorEngine engine(options(4, 2, GroupGenerationMode::kSmart, 3));
+  std::uint64_t last_id = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (int r = 0; r < 4; ++r) {
+      const Group g = group_of(engine.request(r));  // smart always answers
+      last_id = std::max(last_id, g.id);
+      engine.complete(r, g.id);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {  // drain what the last divisions queued
+    while (!engine.buffer(r).empty()) {
+      const Group g = group_of(engine.request(r));
+      last_id = std::max(last_id, g.id);
+      engine.complete(r, g.id);
+    }
+  }
+  for (int r = 0; r < 3; ++r) {
+    engine.linger(r);
+    CHECK(!engine.final_round_id());  // rank 3 still trains
+  }
+  engine.linger(3);
+  REQUIRE(engine.final_round_id());
+  CHECK(*engine.final_round_id() == last_id + 1);  // above every group's id
+  // Random mode, no group ever: the first id.
+  GroupGeneratorEngine quiet(options(3, 2, GroupGenerationMode::kRandom));
+  for (int r = 0; r < 3; ++r) quiet.linger(r);
+  CHECK(quiet.final_round_id() == std::optional<std::uint64_t>{1});
 }
 
 TEST_CASE("group generator: misuse raises InvalidArgument naming the rank and the group") {

@@ -73,6 +73,10 @@
 //   rank that has not left lingers, they all leave (their requests drain,
 //   then kDone). So the ranks that finish first keep averaging with the last
 //   one instead of leaving it to train alone. Idempotent; ignored after leave.
+//   When that release finds no rank that left before (every rank lingered to
+//   the end), final_round_id() names the first id after every group created:
+//   the ranks may then run a schedule of their own together (the algorithm
+//   P-Reduces the final weights through a period of the static schedule).
 #pragma once
 
 #include <cstdint>
@@ -184,6 +188,9 @@ class GroupGeneratorEngine {
   std::optional<Group> executing(int rank) const;  // popped, not completed
   bool has_left(int rank) const;
   bool is_lingering(int rank) const;  // lingers and has not left yet
+  // Set once every rank lingered to the end (see linger above): an id above
+  // every group's; nullopt while any rank trains, or when one left first.
+  std::optional<std::uint64_t> final_round_id() const { return final_round_id_; }
   // Groups handed to their members and not yet completed by all of them.
   std::int64_t outstanding_groups() const { return static_cast<std::int64_t>(groups_.size()); }
   // Nothing pending, queued or executing.
@@ -222,6 +229,7 @@ class GroupGeneratorEngine {
   int local_size_;
   std::mt19937_64 rng_;
   std::uint64_t next_id_ = 1;
+  std::optional<std::uint64_t> final_round_id_;
   std::vector<std::int64_t> counters_;
   std::vector<std::deque<std::uint64_t>> queues_;
   std::vector<std::optional<std::uint64_t>> executing_;

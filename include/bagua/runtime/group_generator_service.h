@@ -83,6 +83,10 @@ class GroupGeneratorService {
   void linger();
   // After leave() or linger(), and draining. The host returns once every rank closed.
   void close();
+  // Once acquire() returned nullopt after linger(): the engine's
+  // final_round_id() (every rank lingered to the end, so every rank got the
+  // same id), else nullopt. Read on the thread that calls acquire().
+  std::optional<std::uint64_t> final_round_id() const { return final_round_id_; }
 
   int rank() const { return rank_; }
   int host_rank() const { return host_; }
@@ -192,6 +196,7 @@ class GroupGeneratorService {
   std::optional<std::uint64_t> executing_;
   bool left_ = false;  // left, or lingered until told DONE
   bool lingering_ = false;
+  std::optional<std::uint64_t> final_round_id_;  // with DONE: see final_round_id()
   bool closed_self_ = false;
 };
 
