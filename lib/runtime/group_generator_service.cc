@@ -479,12 +479,10 @@ GroupGeneratorService::Delivery GroupGeneratorService::answer(int rank,
   BAGUA_CHECK_INTERNAL(awaiting_[static_cast<std::size_t>(rank)],
                        "group generator host: a second answer to rank {}", rank);
   awaiting_[static_cast<std::size_t>(rank)] = false;
-  if (message.empty()) {
-    message = encode(kFailedReply, static_cast<std::int64_t>(lost_group_), lost_);
-    told_[static_cast<std::size_t>(rank)] = true;
-  }
+  const bool failed = message.empty();
+  if (failed) message = encode(kFailedReply, static_cast<std::int64_t>(lost_group_), lost_);
   message[kMaxBuffer] = engine_->stats().max_buffer_len;
-  return Delivery{rank, std::move(message)};
+  return Delivery{rank, std::move(message), failed};
 }
 
 void GroupGeneratorService::send_deliveries(const std::vector<Delivery>& deliveries) {
@@ -495,6 +493,17 @@ void GroupGeneratorService::send_deliveries(const std::vector<Delivery>& deliver
       control_->send_recv(sends, {});
     } catch (const std::exception& e) {  // its receive was posted: its connection failed
       if (!stopping_) connection_lost(delivery.rank, e.what());
+      continue;
+    }
+    if (delivery.failed) {
+      // Told only once sent: a host leaving after a failure waits for this
+      // (tell_clients_before_leaving), so its closing connections cannot
+      // overtake the message that names the lost rank (it did under ASan).
+      {
+        const std::lock_guard lock(mutex_);
+        told_[static_cast<std::size_t>(delivery.rank)] = true;
+      }
+      changed_.notify_all();
     }
   }
 }

@@ -108,6 +108,7 @@ class GroupGeneratorService {
   struct Delivery {
     int rank = -1;
     std::vector<std::int64_t> message;
+    bool failed = false;  // a FAILED answer: the rank counts as told once it is sent
   };
 
   // Client side.
@@ -168,7 +169,7 @@ class GroupGeneratorService {
   std::vector<int> lost_;         // after a failure: the ranks named
   std::uint64_t lost_group_ = 0;  // and the group the first of them held (0: none)
   std::vector<bool> awaiting_;    // per rank: a REQUEST or CLOSE not answered yet
-  std::vector<bool> told_;        // per rank: answered FAILED
+  std::vector<bool> told_;        // per rank: its FAILED answer was sent
   std::mutex send_mutex_;
   std::vector<std::thread> receivers_;  // serve_rank, one per client rank
   struct Posted {
