@@ -95,7 +95,9 @@ def _run(name, args, rank, world, slowdown):
     return rows.tolist()
 
 
-def _digits(rank, world):
+def _digits(rank, world, seed=0):
+    """Digits split into train and test (a quarter, stratified, by ``seed``),
+    and ``rank``'s shard of the training set."""
     import numpy as np
     import torch
     from sklearn.datasets import load_digits
@@ -103,7 +105,7 @@ def _digits(rank, world):
 
     digits = load_digits()
     x = digits.data.astype(np.float32) / 16.0
-    x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=0,
+    x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=seed,
                                                         stratify=digits.target)
     shard = slice(rank, None, world)
     return (torch.from_numpy(x_train[shard]), torch.from_numpy(y_train[shard]).long(),

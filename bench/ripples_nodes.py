@@ -29,24 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import launch, machine  # noqa: E402
+from ripples import _digits  # noqa: E402
 
 ALGORITHMS = ("gradient_allreduce", "static", "random", "smart")
-
-
-def _digits(rank, world, seed):
-    """The example's split (a quarter for test, stratified) and rank's shard."""
-    import numpy as np
-    import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = digits.data.astype(np.float32) / 16.0
-    x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=seed,
-                                                        stratify=digits.target)
-    shard = slice(rank, None, world)
-    return (torch.from_numpy(x_train[shard]), torch.from_numpy(y_train[shard]).long(),
-            torch.from_numpy(x_test), torch.from_numpy(y_test).long())
 
 
 def _train(name, seed, epochs, data, rank, world):
