@@ -1,16 +1,21 @@
 """``algorithm="auto"``: measure, predict each algorithm's step time, run
 the fastest, check the prediction once it runs.
 
-The first ``decide_after`` steps run GradientAllReduce (the exact average,
-so nothing is lost while measuring). At the end of the last of them every
-rank measures, with the same calls on every rank:
+The first ``decide_after`` steps communicate nothing: each rank's gradients
+stay local and its optimizer step does not run (the weights stay where
+they are), and the gradients are kept (:class:`_HeldGradients`). The first
+step of the choice averages their mean with its own gradient: those steps
+act as one step of a batch ``decide_after + 1`` times as large, and no
+full precision step is paid on a slow link just to measure. At the end of
+the last of them every rank measures, with the same calls on every rank:
 
-- the compute time of a step (forward start to backward end) and how long
-  each step then still waited for its allreduces: together, what a
-  GradientAllReduce step takes here;
+- the compute time of a step (forward start to backward end), with nothing
+  communicating beside it;
 - the network: the buckets' full precision allreduce and ByteGrad's own
   8-bit op at a small and a large size, each fitted to
-  ``latency + bytes * seconds_per_byte``;
+  ``latency + bytes * seconds_per_byte``; the large size grows from 64 KiB
+  until a call takes 25 ms (or reaches the gradient's size, at most 4 MiB),
+  so a slow link is probed with few bytes;
 - PowerSGD's op itself (its factor passes and its two exchanges, 8-bit or
   not) on a bucket of the model's gradient shapes, on this process group.
 
@@ -57,7 +62,10 @@ __all__ = ["AutoAlgorithm", "AutoAlgorithmImpl", "CANDIDATES", "Chooser", "LinkM
 
 CANDIDATES = ("gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit")
 SMALL_PROBE_BYTES = 4096
-LARGE_PROBE_BYTES = (256 << 10, 4 << 20)  # the large probe: the gradient's size, within these bounds
+LARGE_PROBE_BYTES = (256 << 10, 4 << 20)  # the large probe at most: the gradient's size, within these bounds
+GROWTH_START_BYTES = 64 << 10  # the large probe starts here and grows 4x a call ...
+GROW_UNTIL_S = 0.025  # ... until a call takes this long: the bytes then decide its time, not the latency
+REPEAT_BELOW_S = 0.1  # a probe call longer than this is not repeated: on so slow a link one call is enough
 REMEASURE_TOLERANCE = 0.3  # measured step off its prediction by more than this: measure again, choose again
 
 
@@ -85,7 +93,7 @@ class Measurements:
 
     world_size: int
     compute_s: float          # forward + backward of one step
-    exposed_s: float          # what a GradientAllReduce step still waited for after backward
+    exposed_s: Optional[float]  # what a GradientAllReduce step still waited for after backward (None: not run)
     gradient_bytes: int       # all gradients, as stored
     buckets: int              # buckets of the gradient algorithms (one collective each)
     allreduce: LinkModel      # the buckets' full precision allreduce
@@ -109,8 +117,9 @@ def predict(m: Measurements) -> Dict[str, float]:
     """Predicted step time (forward, backward and what the step then waits
     for) per candidate. See docs/auto.md.
 
-    - GradientAllReduce ran in the measured steps: their compute plus what
-      they waited for.
+    - GradientAllReduce, where its steps were measured: their compute plus
+      what they waited for; else (``exposed_s`` None: the measuring steps
+      communicated nothing) as ByteGrad, on the allreduce's line.
     - ByteGrad communicates bucket by bucket during the backward pass, as
       GradientAllReduce does: the backward pass hides as much of it
       (``m.overlap`` of the compute time), but never the last bucket, which
@@ -123,9 +132,13 @@ def predict(m: Measurements) -> Dict[str, float]:
     hidden = m.overlap * m.compute_s
     allreduce_s = m.allreduce.time(m.gradient_bytes, m.buckets)
     bytegrad_s = m.low_precision.time(m.gradient_bytes, m.buckets)
-    other = max(0.0, m.exposed_s - max(0.0, allreduce_s - hidden))
+    if m.exposed_s is None:
+        other, allreduce_step_s = 0.0, m.compute_s + max(allreduce_s / m.buckets, allreduce_s - hidden)
+    else:
+        other = max(0.0, m.exposed_s - max(0.0, allreduce_s - hidden))
+        allreduce_step_s = m.compute_s + m.exposed_s
     return {
-        "gradient_allreduce": m.compute_s + m.exposed_s,
+        "gradient_allreduce": allreduce_step_s,
         "bytegrad": m.compute_s + other + max(bytegrad_s / m.buckets, bytegrad_s - hidden),
         "powersgd": m.compute_s + m.powersgd_s,
         "powersgd_8bit": m.compute_s + m.powersgd_8bit_s,
@@ -201,11 +214,12 @@ class Chooser:
 
 
 # -- the measurements ---------------------------------------------------------------
-def _timed(call: Callable[[], None], comm, repeats: int) -> float:
+def _timed(call: Callable[[], None], comm, repeats: int, warm_up: bool = True) -> float:
     """The least of ``repeats`` timings of a collective ``call``, after one
-    untimed call; the ranks meet at a barrier before each, so a rank's time is
-    the collective's, not its wait for late peers."""
-    call()
+    untimed call (``warm_up``); the ranks meet at a barrier before each, so a
+    rank's time is the collective's, not its wait for late peers."""
+    if warm_up:
+        call()
     best = float("inf")
     for _ in range(repeats):
         bagua.barrier(comm=comm)
@@ -215,8 +229,13 @@ def _timed(call: Callable[[], None], comm, repeats: int) -> float:
     return best
 
 
-def _probe_sizes(gradient_bytes: int) -> List[int]:
-    return [SMALL_PROBE_BYTES, int(min(max(gradient_bytes, LARGE_PROBE_BYTES[0]), LARGE_PROBE_BYTES[1]))]
+def _slowest(seconds: float, process_group) -> float:
+    """The largest of every rank's ``seconds``: what a decision that changes
+    the calls to come must be made on, so that every rank makes the same
+    calls. Collective."""
+    agreed = torch.tensor([seconds], dtype=torch.float64)
+    bagua.allreduce_inplace(agreed, op=bagua.ReduceOp.MAX, comm=process_group)
+    return agreed.item()
 
 
 class _ProbeBucket:
@@ -232,37 +251,72 @@ class _ProbeBucket:
         self.bucket = core.Bucket(name, [(n, tensor_view(t, allow_cuda=True))
                                          for n, t in zip(self.names, self.tensors)])
         self.keep: List[torch.Tensor] = []  # state the ops update in place
+        self._backend = None
+
+    def _step(self) -> None:
+        for name in self.names:
+            self._backend.mark_communication_ready(name)
+        self._backend.wait_pending_comm_ops()
+
+    def _ready(self, process_group) -> None:
+        if self._backend is None:
+            if self.flat.is_cuda:  # marked ready without a stream: the values must be there already
+                torch.cuda.synchronize(self.flat.device)
+            self._backend = core.Backend(process_group.get_rank())
+            self._backend.register_ordered_buckets([self.bucket])
 
     def time(self, process_group, repeats: int) -> float:
-        if self.flat.is_cuda:  # marked ready without a stream: the values must be there already
-            torch.cuda.synchronize(self.flat.device)
-        backend = core.Backend(process_group.get_rank())
-        backend.register_ordered_buckets([self.bucket])
+        """The least of ``repeats`` calls, after one untimed."""
+        self._ready(process_group)
+        return _timed(self._step, process_group, repeats)
 
-        def step() -> None:
-            for name in self.names:
-                backend.mark_communication_ready(name)
-            backend.wait_pending_comm_ops()
-        return _timed(step, process_group, repeats)
+    def time_once(self, process_group) -> float:
+        """One call, timed, the slowest rank's (so every rank may decide on
+        it). Collective."""
+        self._ready(process_group)
+        return _slowest(_timed(self._step, process_group, 1, warm_up=False), process_group)
+
+    def least_time(self, process_group, repeats: int) -> float:
+        """One call, then ``repeats - 1`` more unless the first was longer than
+        ``REPEAT_BELOW_S``: the least. Collective."""
+        first = self.time_once(process_group)
+        if first > REPEAT_BELOW_S or repeats <= 1:
+            return first
+        return min(first, _timed(self._step, process_group, repeats - 1, warm_up=False))
+
+
+def _link_probe(size: int, compressed: bool, comm) -> _ProbeBucket:
+    probe = _ProbeBucket([torch.Size([size // 4])], torch.float32, torch.device("cpu"), "auto_link")
+    if compressed:
+        probe.bucket.append_centralized_low_precision_op(
+            comm, None, core.CentralizedLowPrecisionOptions(hierarchical=False, average=True))
+    else:
+        probe.bucket.append_centralized_synchronous_op(
+            comm, None, core.CentralizedSynchronousOptions(hierarchical=False, average=True))
+    return probe
 
 
 def probe_links(process_group, gradient_bytes: int, repeats: int = 3) -> List[float]:
     """The buckets' allreduce and ByteGrad's op at a small and a large size:
-    ``[small_bytes, large_bytes, ar_small, ar_large, lp_small, lp_large]``."""
-    sizes = _probe_sizes(gradient_bytes)
-    result: List[float] = list(sizes)
+    ``[small_bytes, large_bytes, ar_small, ar_large, lp_small, lp_large]``.
+    The large size grows 4x from ``GROWTH_START_BYTES`` until an allreduce
+    takes ``GROW_UNTIL_S`` or reaches the gradient's size (within
+    ``LARGE_PROBE_BYTES``): on a slow link a few hundred KiB, not 4 MiB.
+    Collective; the same sizes on every rank."""
     comm = process_group.get_bucket_communicator()
-    for compressed in (False, True):
-        for size in sizes:
-            probe = _ProbeBucket([torch.Size([size // 4])], torch.float32, torch.device("cpu"), "auto_link")
-            if compressed:
-                probe.bucket.append_centralized_low_precision_op(
-                    comm, None, core.CentralizedLowPrecisionOptions(hierarchical=False, average=True))
-            else:
-                probe.bucket.append_centralized_synchronous_op(
-                    comm, None, core.CentralizedSynchronousOptions(hierarchical=False, average=True))
-            result.append(probe.time(process_group, repeats))
-    return result
+    cap = int(min(max(gradient_bytes, LARGE_PROBE_BYTES[0]), LARGE_PROBE_BYTES[1]))
+    small = [_link_probe(SMALL_PROBE_BYTES, c, comm).time(process_group, repeats) for c in (False, True)]
+    size = min(GROWTH_START_BYTES, cap)
+    while True:
+        allreduce = _link_probe(size, False, comm)
+        first = allreduce.time_once(process_group)
+        if first >= GROW_UNTIL_S or size >= cap:
+            break
+        size = min(size * 4, cap)
+    ar_large = first if first > REPEAT_BELOW_S else \
+        min(first, _timed(allreduce._step, process_group, repeats - 1, warm_up=False))
+    lp_large = _link_probe(size, True, comm).least_time(process_group, repeats)
+    return [SMALL_PROBE_BYTES, size, small[0], ar_large, small[1], lp_large]
 
 
 def time_powersgd_op(params: Sequence[torch.Tensor], rank: int, low_precision: bool, process_group,
@@ -285,14 +339,63 @@ def time_powersgd_op(params: Sequence[torch.Tensor], rank: int, low_precision: b
     op = probe.bucket.append_powersgd_op(process_group.get_bucket_communicator(), matrices,
                                          core.PowerSGDOptions(rank=rank, low_precision=low_precision))
     op.compressing = True
-    return probe.time(process_group, repeats)
+    probe.time_once(process_group)  # the first call allocates the factors: not what a step pays
+    return probe.least_time(process_group, repeats)
+
+
+class _HeldGradients:
+    """The gradients of auto's measuring steps, which communicate nothing,
+    kept until the first step that does: there, before a parameter's
+    gradient is communicated, the mean of its held gradients and its own
+    takes its place, so the measuring steps and that one act as one step of
+    their batches together.
+
+    What is held is what the optimizer would have taken: the gradients as
+    the last backward before the (skipped) ``optimizer.step`` left them (a
+    second backward before the step adds to them, as in a GAN's
+    discriminator step; one after it, whose gradients ``zero_grad`` then
+    drops, is not held). The step then zeroes them, so a loop that does not
+    call ``zero_grad`` does not count them twice."""
+
+    def __init__(self, named_params):
+        self.params = list(named_params)
+        self.pending: Dict[str, torch.Tensor] = {}
+        self.held: Dict[str, torch.Tensor] = {}
+        self.steps = 0
+
+    def backward_ended(self) -> None:
+        self.pending = {name: p.grad.detach().clone() for name, p in self.params if p.grad is not None}
+
+    def optimizer_stepped(self) -> None:
+        if not self.pending:
+            return  # a second optimizer of the same step
+        for name, grad in self.pending.items():
+            self.held[name] = grad if name not in self.held else self.held[name] + grad
+        for name, p in self.params:
+            if name in self.pending and p.grad is not None:
+                if p.grad.is_sparse:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
+        self.pending, self.steps = {}, self.steps + 1
+
+    def fold(self, name: str, param) -> None:
+        """``param``'s gradient, ready to be communicated, becomes the mean of
+        its held ones and itself."""
+        held = self.held.pop(name, None)
+        if held is None or param.grad is None:
+            return
+        if param.grad.is_sparse or held.is_sparse:
+            param.grad = ((param.grad + held) / (self.steps + 1)).coalesce()
+        else:
+            param.grad.add_(held).div_(self.steps + 1)
 
 
 # -- the algorithm --------------------------------------------------------------------
 class AutoAlgorithmImpl(AlgorithmImpl):
-    """Runs ``current`` (GradientAllReduce while measuring, then the choice),
-    forwarding the runtime's calls to it, and times its steps until the
-    choice is settled."""
+    """Runs ``current`` (the choice; while measuring, GradientAllReduce's
+    buckets, with nothing communicated), forwarding the runtime's calls to
+    it, and times its steps until the choice is settled."""
 
     def __init__(self, process_group, candidates: Sequence[str], decide_after: int, powersgd_rank: int,
                  powersgd_start_iter: int, overlap: Optional[float], verify_steps: int = 3):
@@ -308,7 +411,8 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         self.decision: Optional[dict] = None
         self._samples: List[List[float]] = []  # [compute, exposed] of the current algorithm's steps
         self._skip = 0                         # steps left out after a switch (new buffers)
-        self._ga_exposed_s = 0.0               # what the first GradientAllReduce steps waited for
+        self._held: Optional[_HeldGradients] = None  # the measuring steps' gradients, until averaged
+        self._local_backward = False           # this step's gradients stayed local: its optimizer step waits
         self._forward_start = 0.0
         self._next: Optional[AlgorithmImpl] = None
         self._fixed_log: List[dict] = []       # without a chooser: the override, or a checkpoint's log
@@ -350,6 +454,11 @@ class AutoAlgorithmImpl(AlgorithmImpl):
                                   core.TensorView(0, 0, "float32", "cpu"), -1)
 
     @property
+    def measuring_locally(self) -> bool:
+        """The first steps: nothing is communicated, nothing is applied."""
+        return self.chooser is not None and self.chooser.choice is None
+
+    @property
     def deciding(self) -> bool:
         """Still timing steps: measuring, or checking the choice."""
         return self.chooser is not None and not self.chooser.settled
@@ -377,7 +486,6 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         if len(self._samples) >= needed:
             compute_s, step_s = self._agreed_samples()
             if self.chooser.choice is None:
-                self._ga_exposed_s = step_s - compute_s
                 self._decide(bagua_ddp, compute_s, "least predicted step time")
             elif self.chooser.check(bagua_ddp.step_counter, step_s):
                 self._decide(bagua_ddp, compute_s, "least step time after measuring again")
@@ -409,10 +517,11 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         small, large, ar_small, ar_large, lp_small, lp_large, powersgd_s, powersgd_8bit_s = agreed.tolist()
         allreduce = LinkModel.fit(int(small), ar_small, int(large), ar_large)
         buckets = len(bagua_ddp.bagua_buckets)
-        overlap = self.overlap if self.overlap is not None else \
-            measured_overlap(allreduce.time(gradient_bytes, buckets), self._ga_exposed_s, compute_s)
+        # No GradientAllReduce step was measured: nothing says what the backward
+        # hides, so nothing is taken as hidden (the check corrects it).
+        overlap = self.overlap if self.overlap is not None else 0.0
         return Measurements(
-            world_size=self.process_group.get_size(), compute_s=compute_s, exposed_s=self._ga_exposed_s,
+            world_size=self.process_group.get_size(), compute_s=compute_s, exposed_s=None,
             gradient_bytes=gradient_bytes, buckets=buckets, allreduce=allreduce,
             low_precision=LinkModel.fit(int(small), lp_small, int(large), lp_large),
             powersgd_s=powersgd_s, powersgd_8bit_s=powersgd_8bit_s, overlap=overlap)
@@ -426,10 +535,14 @@ class AutoAlgorithmImpl(AlgorithmImpl):
 
     def _switch_to(self, name: str) -> None:
         """``name`` runs from the next step's forward (the buckets are rebuilt
-        for it); its first step is not timed."""
+        for it); its first step is not timed (nor the first that
+        communicates at all)."""
+        first = self.choice is None
         self.choice, self.decision = name, self.chooser.log[-1]
         if name != self._current_name:
-            self._next, self._current_name, self._skip = self._reify(name), name, 1
+            self._next, self._current_name = self._reify(name), name
+        if name != self._current_name or first:
+            self._skip = 1
 
     def _log(self, decision: dict) -> None:
         if self.process_group.get_rank() == 0:
@@ -455,18 +568,36 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         inner = self.current.init_forward_pre_hook(bagua_ddp)
 
         def hook(inputs):
+            self._local_backward = False  # a new step (an optimizer step skipped or not called)
             if self.deciding:
                 self._forward_start = time.perf_counter()
             inner(inputs)
         return hook
 
     def init_backward_hook(self, bagua_ddp):
-        return self.current.init_backward_hook(bagua_ddp)
+        inner = self.current.init_backward_hook(bagua_ddp)
+
+        def hook(name, param):
+            if self.measuring_locally:
+                return  # nothing communicated: the gradient is held at the step
+            if self._held is not None:
+                self._held.fold(name, param)
+            inner(name, param)
+        return hook
 
     def init_post_backward_hook(self, bagua_ddp):
         inner = self.current.init_post_backward_hook(bagua_ddp)
 
         def hook():
+            if self.measuring_locally:
+                backward_end = time.perf_counter()
+                if self._held is None:
+                    self._held = _HeldGradients(bagua_ddp.bagua_build_params() + bagua_ddp.sparse_parameters)
+                self._held.backward_ended()
+                self._local_backward = True
+                self._sample(bagua_ddp, backward_end - self._forward_start, 0.0)
+                return
+            self._drop_held()
             if not self.deciding:
                 return inner()
             backward_end = time.perf_counter()
@@ -474,8 +605,28 @@ class AutoAlgorithmImpl(AlgorithmImpl):
             self._sample(bagua_ddp, backward_end - self._forward_start, time.perf_counter() - backward_end)
         return hook
 
+    def _drop_held(self) -> None:
+        """After the first step that communicated: what it did not fold in
+        (a parameter without a gradient in that step) is dropped."""
+        if self._held is None:
+            return
+        if self._held.held and self.process_group.get_rank() == 0:
+            log("debug", f"AutoAlgorithm: {len(self._held.held)} held gradients had no gradient to join "
+                         f"in the first averaged step: dropped ({sorted(self._held.held)[:4]}...)")
+        self._held = None
+
+    def skips_optimizer_step(self) -> bool:
+        return self._local_backward
+
     def init_post_optimizer_step_hook(self, bagua_ddp):
-        return self.current.init_post_optimizer_step_hook(bagua_ddp)
+        inner = self.current.init_post_optimizer_step_hook(bagua_ddp)
+
+        def hook(optimizer):
+            if self._local_backward:
+                self._held.optimizer_stepped()
+                return
+            inner(optimizer)
+        return hook
 
     def init_inference_forward_hooks(self, bagua_ddp):
         return self.current.init_inference_forward_hooks(bagua_ddp)
@@ -515,13 +666,16 @@ class AutoAlgorithm(Algorithm):
         """
         Args:
             candidates: the algorithms to choose from (names of ``CANDIDATES``).
-            decide_after: steps of GradientAllReduce measured before choosing
-                (the profiling iteration is the first).
+            decide_after: steps measured before choosing (the profiling
+                iteration is the first); they communicate nothing and do not
+                step the optimizer: the choice's first step averages their
+                gradients with its own.
             powersgd_rank, powersgd_start_iter: PowerSGD's ``rank`` and
                 ``start_iter`` when it is chosen.
             overlap: the share of a step's compute time that bucket-by-bucket
-                communication hides behind; None (default): measured in the
-                GradientAllReduce steps (docs/auto.md).
+                communication hides behind; None (default): 0 for the first
+                prediction (the measuring steps communicate nothing), then
+                the check of the measured steps (docs/auto.md).
             verify_steps: steps of the chosen algorithm timed (after its
                 first, and for PowerSGD compressed ones) to check its
                 prediction; off by more than 30 %, auto measures again and

@@ -183,6 +183,12 @@ class AlgorithmImpl:
         """Called after each ``optimizer.step()`` with the optimizer."""
         return do_nothing
 
+    def skips_optimizer_step(self) -> bool:
+        """Whether the next ``optimizer.step()`` must not run, because this
+        step's gradients were not averaged (they stayed on this rank; the
+        post-step hook still runs and keeps them). Default: never."""
+        return False
+
     def init_inference_forward_hooks(self, bagua_ddp) -> Tuple[Callable, Callable]:
         """(before, after): called around a forward that communicates nothing
         (under ``torch.no_grad()``, in eval mode, or in ``no_sync()``), with

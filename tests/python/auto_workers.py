@@ -16,15 +16,17 @@ from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithm
 
 from workers import batches, fresh_model_and_optimizer
 
-DIRECT = {"gradient_allreduce": lambda: GradientAllReduceAlgorithm(hierarchical=False),
-          "bytegrad": lambda: ByteGradAlgorithm(hierarchical=False),
-          "powersgd": lambda: PowerSGDAlgorithm(rank=1, start_iter=2, one_bucket=True),
-          "powersgd_8bit": lambda: PowerSGDAlgorithm(rank=1, start_iter=2, low_precision=True, one_bucket=True)}
+DIRECT = {"gradient_allreduce": lambda start: GradientAllReduceAlgorithm(hierarchical=False),
+          "bytegrad": lambda start: ByteGradAlgorithm(hierarchical=False),
+          "powersgd": lambda start: PowerSGDAlgorithm(rank=1, start_iter=start, one_bucket=True),
+          "powersgd_8bit": lambda start: PowerSGDAlgorithm(rank=1, start_iter=start, low_precision=True,
+                                                           one_bucket=True)}
+DECIDE_AFTER = 2
 
 
-def _train(model, opt, rank, steps, record=None):
+def _train(model, opt, rank, steps, record=None, data=None):
     params = []
-    for step, (x, y) in enumerate(batches(rank, steps=steps), 1):
+    for step, (x, y) in enumerate(data or batches(rank, steps=steps), 1):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
@@ -37,14 +39,19 @@ def _train(model, opt, rank, steps, record=None):
 def scenario_auto(out_dir, override="", steps="6"):
     """Trains with algorithm="auto" (BAGUA_ALGORITHM=override when given),
     then the same from the same start with the algorithm auto chose, given
-    directly from its first step."""
+    directly from its first step. A measured choice is compared with its run
+    from the step after the measuring ones, whose first batch is the
+    measuring steps' batches and its own together (their mean gradient),
+    the weights before it the initial ones."""
     if override:
         os.environ["BAGUA_ALGORITHM"] = override
     bagua.init_process_group()
     rank = bagua.get_rank()
     model, opt = fresh_model_and_optimizer("sgd")
     # the first choice runs to the end (its check would come after step 50)
-    model = model.with_bagua([opt], AutoAlgorithm(decide_after=2, powersgd_start_iter=2, verify_steps=50))
+    initial = [p.detach().clone() for p in model.parameters()]
+    model = model.with_bagua([opt], AutoAlgorithm(decide_after=DECIDE_AFTER, powersgd_start_iter=2,
+                                                  verify_steps=50))
     decisions = []
     auto_params = _train(model, opt, rank, int(steps), decisions)
     impl = model.bagua_ddp.bagua_algorithm_impl
@@ -52,8 +59,15 @@ def scenario_auto(out_dir, override="", steps="6"):
     choice = decisions[-1]["choice"]
     model.without_bagua()
     direct_model, direct_opt = fresh_model_and_optimizer("sgd")
-    direct_model = direct_model.with_bagua([direct_opt], DIRECT[choice]())
-    direct_params = _train(direct_model, direct_opt, rank, int(steps))
+    data = batches(rank, steps=int(steps))
+    if override:
+        direct_model = direct_model.with_bagua([direct_opt], DIRECT[choice](2))
+        direct_params = _train(direct_model, direct_opt, rank, int(steps))
+    else:  # auto's PowerSGD compressed from its first step (start_iter 2, 2 measuring steps)
+        direct_model = direct_model.with_bagua([direct_opt], DIRECT[choice](0))
+        joined = [tuple(torch.cat(parts) for parts in zip(*data[:DECIDE_AFTER + 1]))]
+        direct_params = [initial] * DECIDE_AFTER + \
+            _train(direct_model, direct_opt, rank, 0, data=joined + data[DECIDE_AFTER + 1:])
     torch.save({"decisions": decisions, "current": type(impl.current).__name__, "state_choice": state["choice"],
                 "auto": auto_params, "direct": direct_params}, os.path.join(out_dir, f"rank{rank}.pt"))
 

@@ -15,7 +15,9 @@
   end-of-backward work (adopting the profiled order);
 - ``optimizer.step`` is wrapped (a bound method, so LR schedulers and
   torch.optim's hooks keep working): the algorithm's post-step hook runs
-  after it.
+  after it; when the algorithm says this step's gradients stayed local
+  (``skips_optimizer_step``: auto's measuring steps), the step itself does
+  not run and the post-step hook takes the gradients.
 
 What torch holds (module hooks, gradient hooks, the wrapped ``step``) refers
 to the hooks only weakly, so a dropped engine is not kept alive by them.
@@ -118,7 +120,10 @@ class StepHooks:
             hooks = ref() if active[0] else None
             if hooks is not None:
                 hooks.phases.begin("optimizer_step")
-            result = original(*args, **kwargs)
+            if hooks is not None and hooks.ddp.bagua_algorithm_impl.skips_optimizer_step():
+                result = None  # the gradients stayed local (auto measuring): the algorithm keeps them
+            else:
+                result = original(*args, **kwargs)
             if hooks is not None:
                 hooks._step_open = False  # a forward whose backward never ran ends with the step
                 hooks.post_step_hook(opt)
