@@ -615,8 +615,8 @@ class AutoAlgorithmImpl(AlgorithmImpl):
                          f"in the first averaged step: dropped ({sorted(self._held.held)[:4]}...)")
         self._held = None
 
-    def skips_optimizer_step(self) -> bool:
-        return self._local_backward
+    def skips_optimizer_step(self, before_backward: bool = False) -> bool:
+        return self.measuring_locally if before_backward else self._local_backward
 
     def init_post_optimizer_step_hook(self, bagua_ddp):
         inner = self.current.init_post_optimizer_step_hook(bagua_ddp)

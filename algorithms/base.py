@@ -183,10 +183,12 @@ class AlgorithmImpl:
         """Called after each ``optimizer.step()`` with the optimizer."""
         return do_nothing
 
-    def skips_optimizer_step(self) -> bool:
+    def skips_optimizer_step(self, before_backward: bool = False) -> bool:
         """Whether the next ``optimizer.step()`` must not run, because this
         step's gradients were not averaged (they stayed on this rank; the
-        post-step hook still runs and keeps them). Default: never."""
+        post-step hook still runs and keeps them); ``before_backward``: asked
+        before a closure passed to the step ran this step's backward, whether
+        that backward will stay local. Default: never."""
         return False
 
     def init_inference_forward_hooks(self, bagua_ddp) -> Tuple[Callable, Callable]:

@@ -120,7 +120,12 @@ class StepHooks:
             hooks = ref() if active[0] else None
             if hooks is not None:
                 hooks.phases.begin("optimizer_step")
-            if hooks is not None and hooks.ddp.bagua_algorithm_impl.skips_optimizer_step():
+            closure = kwargs.get("closure", args[0] if args else None)
+            impl = hooks.ddp.bagua_algorithm_impl if hooks is not None else None
+            if impl is not None and callable(closure) and impl.skips_optimizer_step(before_backward=True):
+                with torch.enable_grad():  # Lightning's closure: this step's forward and backward
+                    result = closure()
+            elif impl is not None and not callable(closure) and impl.skips_optimizer_step():
                 result = None  # the gradients stayed local (auto measuring): the algorithm keeps them
             else:
                 result = original(*args, **kwargs)
