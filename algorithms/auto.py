@@ -276,10 +276,12 @@ class _ProbeBucket:
         self._ready(process_group)
         return _slowest(_timed(self._step, process_group, 1, warm_up=False), process_group)
 
-    def least_time(self, process_group, repeats: int) -> float:
-        """One call, then ``repeats - 1`` more unless the first was longer than
-        ``REPEAT_BELOW_S``: the least. Collective."""
-        first = self.time_once(process_group)
+    def least_time(self, process_group, repeats: int, first: Optional[float] = None) -> float:
+        """One call (``first``: its time, when it was made already), then
+        ``repeats - 1`` more unless it was longer than ``REPEAT_BELOW_S``: the
+        least. Collective."""
+        if first is None:
+            first = self.time_once(process_group)
         if first > REPEAT_BELOW_S or repeats <= 1:
             return first
         return min(first, _timed(self._step, process_group, repeats - 1, warm_up=False))
@@ -313,8 +315,7 @@ def probe_links(process_group, gradient_bytes: int, repeats: int = 3) -> List[fl
         if first >= GROW_UNTIL_S or size >= cap:
             break
         size = min(size * 4, cap)
-    ar_large = first if first > REPEAT_BELOW_S else \
-        min(first, _timed(allreduce._step, process_group, repeats - 1, warm_up=False))
+    ar_large = allreduce.least_time(process_group, repeats, first)
     lp_large = _link_probe(size, True, comm).least_time(process_group, repeats)
     return [SMALL_PROBE_BYTES, size, small[0], ar_large, small[1], lp_large]
 
