@@ -101,6 +101,10 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
         # save it): Q (m x r) and the error (n x m).
         self._q: Dict[str, torch.Tensor] = {}
         self._error: Dict[str, torch.Tensor] = {}
+        # On host memory the error is deferred (include/bagua/ops/powersgd.h):
+        # _error then holds M, and the error is M - p_prev q_prev^T.
+        self._p_prev: Dict[str, torch.Tensor] = {}
+        self._q_prev: Dict[str, torch.Tensor] = {}
         self._q_draws: Dict[str, int] = {}          # without warm start: fresh Q per step
         self._ops: Dict[str, object] = {}           # per bucket name, the latest op
         self._retired_bytes = [0, 0]                # the counts of ops replaced since
@@ -131,7 +135,8 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
             # channels_last gradient: its columns in memory order).
             m = grad.as_strided((grad.shape[0], grad.numel() // grad.shape[0]), (grad.numel() // grad.shape[0], 1))
             error = self._state(self._error, t.bagua_tensor_name, m) if self.error_feedback else None
-            matrices.append((index, self._q_for(t.bagua_tensor_name, m), error))
+            matrices.append((index, self._q_for(t.bagua_tensor_name, m), error)
+                            + self._deferred_for(t.bagua_tensor_name, error))
         op = bucket.append_powersgd_op(matrices, rank=self.rank, low_precision=self.low_precision,
                                        orthogonalization_epsilon=self.epsilon, group=self.process_group)
         old = self._ops.get(bucket.name)
@@ -158,7 +163,39 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
         state = states.get(name)
         if state is None or state.shape != m.shape or state.dtype != m.dtype or state.device != m.device:
             state = states[name] = torch.zeros_like(m)
+            self._p_prev.pop(name, None)  # a fresh error is all in the new state
+            self._q_prev.pop(name, None)
         return state
+
+    def _deferred_for(self, name: str, error) -> tuple:
+        """(p_prev, q_prev) of tensor ``name`` whose error state is ``error``
+        (rows x cols): the factors its M was approximated by, zeros at first;
+        () on a device or without error feedback (the error is then kept
+        as it is)."""
+        if error is None or error.device.type != "cpu":
+            return ()
+        shapes = {"p": (error.shape[0], self.rank), "q": (error.shape[1], self.rank)}
+        kept = []
+        for key, states in (("p", self._p_prev), ("q", self._q_prev)):
+            state = states.get(name)
+            if state is None or state.shape != shapes[key] or state.dtype != error.dtype:
+                state = states[name] = torch.zeros(shapes[key], dtype=error.dtype)
+            kept.append(state)
+        return tuple(kept)
+
+    def _materialized_error(self, name: str, state: torch.Tensor) -> torch.Tensor:
+        """The error of tensor ``name`` as a new CPU tensor: its state, or
+        with the error deferred, the state minus p_prev q_prev^T."""
+        p_prev = self._p_prev.get(name)
+        if p_prev is None:
+            return state.cpu().clone()
+        from bagua.torch_api._core import core, tensor_view
+
+        error = torch.empty_like(state)
+        q_prev = self._q_prev[name]
+        core.low_rank_deferred_error(*(tensor_view(t) for t in (state, p_prev, q_prev, error)),
+                                     state.shape[0], state.shape[1], p_prev.shape[1])
+        return error
 
     def _q_for(self, name: str, m: torch.Tensor) -> torch.Tensor:
         """The Q of tensor ``name``: the one kept (warm start, checkpoints) if
@@ -176,7 +213,7 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
     # -- checkpoints -----------------------------------------------------------
     def state_dict(self, bagua_ddp) -> dict:
         return {"q": {k: v.cpu().clone() for k, v in self._q.items()},
-                "error": {k: v.cpu().clone() for k, v in self._error.items()},
+                "error": {k: self._materialized_error(k, v) for k, v in self._error.items()},
                 "q_draws": dict(self._q_draws)}
 
     def load_state_dict(self, bagua_ddp, state: dict) -> None:
@@ -192,6 +229,8 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
                 else:
                     states[name] = value.to(device)
                     self._rebuild = True
+                if key == "error" and name in self._p_prev:  # the loaded error is all in the state
+                    self._p_prev[name].zero_()
         self._q_draws = dict(state.get("q_draws", {}))
 
     # -- figures ---------------------------------------------------------------

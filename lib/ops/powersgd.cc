@@ -48,6 +48,15 @@ PowerSGDOp::PowerSGDOp(std::shared_ptr<Communicator> comm, const Bucket& bucket,
                     "powersgd: error of '{}' must be {} x {} of {} on {}, got {}",
                     tensors[m.index].name, m.rows, m.cols, to_string(grad.dtype), grad.device.str(),
                     m.error.describe());
+    if (m.deferred()) {
+      BAGUA_CHECK_ARG(m.error.numel > 0 && grad.device.type == DeviceType::kCPU &&
+                          state_fits(m.p_prev, m.rows * options_.rank) &&
+                          state_fits(m.q_prev, m.cols * options_.rank),
+                      "powersgd: the deferred error of '{}' needs error feedback on host memory "
+                      "and p_prev {} x {}, q_prev {} x {} of {} (got {} and {})",
+                      tensors[m.index].name, m.rows, options_.rank, m.cols, options_.rank,
+                      to_string(grad.dtype), m.p_prev.describe(), m.q_prev.describe());
+    }
     compressed[m.index] = true;
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -146,7 +155,13 @@ void PowerSGDOp::project(Compute& c, const Bucket& bucket, const TensorView& fir
   }
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     const auto& m = matrices_[k];
-    low_rank_project(c, shape_of(m), tensors[m.index].view, m.error, m.q, p_of(first, offset, k));
+    const TensorView& grad = tensors[m.index].view;
+    if (m.deferred()) {
+      low_rank_project_deferred(shape_of(m), grad, m.error, m.p_prev, m.q_prev, m.q,
+                                p_of(first, offset, k));
+    } else {
+      low_rank_project(c, shape_of(m), grad, m.error, m.q, p_of(first, offset, k));
+    }
   }
 }
 
@@ -171,8 +186,9 @@ void PowerSGDOp::project_back(Compute& c, const Bucket& bucket, const TensorView
     const auto& m = matrices_[k];
     const TensorView p = p_of(first, vectors_end, k);
     orthogonalize_columns(c, shape_of(m), p, options_.orthogonalization_epsilon);
-    low_rank_project_back(c, shape_of(m), bucket.tensors()[m.index].view, p,
-                          qs.slice(offset, m.cols * options_.rank));
+    // M: in the gradient's memory, or kept apart with the error deferred.
+    const TensorView& matrix = m.deferred() ? m.error : bucket.tensors()[m.index].view;
+    low_rank_project_back(c, shape_of(m), matrix, p, qs.slice(offset, m.cols * options_.rank));
     offset += m.cols * options_.rank;
   }
 }
@@ -185,8 +201,14 @@ void PowerSGDOp::reconstruct(Compute& c, Bucket& bucket, const TensorView& first
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     const auto& m = matrices_[k];
     c.copy(m.q.data, qs.slice(offset, m.cols * options_.rank).data, m.q.nbytes());
-    low_rank_reconstruct(c, shape_of(m), bucket.tensors()[m.index].view, m.error,
-                         p_of(first, vectors_end, k), m.q);
+    const TensorView p = p_of(first, vectors_end, k);
+    if (m.deferred()) {  // the error stays implicit: the factors are kept instead
+      low_rank_write_approximation(shape_of(m), bucket.tensors()[m.index].view, p, m.q);
+      c.copy(m.p_prev.data, p.data, m.p_prev.nbytes());
+      c.copy(m.q_prev.data, m.q.data, m.q_prev.nbytes());
+    } else {
+      low_rank_reconstruct(c, shape_of(m), bucket.tensors()[m.index].view, m.error, p, m.q);
+    }
     offset += m.cols * options_.rank;
   }
 }

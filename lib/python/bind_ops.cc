@@ -243,18 +243,31 @@ std::shared_ptr<AsyncModelAverageOp> append_asynchronous_model_average(
   return op;
 }
 
-// matrices: (index in the bucket, rows, cols, q, error) per compressed tensor.
+// matrices: (index in the bucket, rows, cols, q, error) per compressed tensor;
+// deferred: none, or (p_prev, q_prev) per matrix (LowRankTensor).
 std::shared_ptr<PowerSGDOp> append_powersgd(
     Bucket& b, CommPtr comm,
     const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, TensorView, TensorView>>&
         matrices,
-    const PowerSGDOptions& options) {
+    const PowerSGDOptions& options,
+    const std::vector<std::pair<TensorView, TensorView>>& deferred) {
   BAGUA_CHECK_ARG(comm != nullptr, "append_powersgd_op: no communicator");
   require_comm_supports(b, *comm, "append_powersgd_op");
+  BAGUA_CHECK_ARG(deferred.empty() || deferred.size() == matrices.size(),
+                  "append_powersgd_op: {} deferred errors for {} matrices", deferred.size(),
+                  matrices.size());
   std::vector<LowRankTensor> list;
   list.reserve(matrices.size());
   for (const auto& [index, rows, cols, q, error] : matrices) {
-    list.push_back({.index = index, .rows = rows, .cols = cols, .q = q, .error = error});
+    const std::size_t k = list.size();
+    const TensorView none{};
+    list.push_back({.index = index,
+                    .rows = rows,
+                    .cols = cols,
+                    .q = q,
+                    .error = error,
+                    .p_prev = deferred.empty() ? none : deferred[k].first,
+                    .q_prev = deferred.empty() ? none : deferred[k].second});
   }
   auto op = std::make_shared<PowerSGDOp>(std::move(comm), b, std::move(list), options);
   b.append_op(op);
@@ -329,7 +342,8 @@ void bind_bucket_ops(BucketClass& c) {
       .def("append_asynchronous_model_average_op", &append_asynchronous_model_average,
            py::arg("communicator"), py::arg("options") = AsyncModelAverageOptions{})
       .def("append_powersgd_op", &append_powersgd, py::arg("communicator"), py::arg("matrices"),
-           py::arg("options") = PowerSGDOptions{});
+           py::arg("options") = PowerSGDOptions{},
+           py::arg("deferred") = std::vector<std::pair<TensorView, TensorView>>{});
 }
 
 // PowerSGD's math on one matrix without communication (the step at world
@@ -354,6 +368,24 @@ void low_rank_step(const TensorView& m, const TensorView& error, const TensorVie
   low_rank_project_back(*c, s, m, p, q);
   low_rank_reconstruct(*c, s, m, error, p, q);
   c->finish("low_rank_step", env().comm_timeout);
+}
+
+// The error a deferred PowerSGD state stands for: error = base - p_prev
+// q_prev^T (host memory; low_rank_steps.h), for checkpoints.
+void low_rank_deferred_error_of(const TensorView& base, const TensorView& p_prev,
+                                const TensorView& q_prev, const TensorView& error,
+                                std::int64_t rows, std::int64_t cols, std::int64_t rank) {
+  for (const auto* v : {&p_prev, &q_prev, &error}) {
+    BAGUA_CHECK_ARG(v->dtype == base.dtype && v->device == base.device,
+                    "low_rank_deferred_error: {} does not match base {}", v->describe(),
+                    base.describe());
+  }
+  BAGUA_CHECK_ARG(
+      rows >= 1 && cols >= 1 && rank >= 1 && base.numel == rows * cols &&
+          error.numel == base.numel && p_prev.numel == rows * rank && q_prev.numel == cols * rank,
+      "low_rank_deferred_error: base {} (p_prev {}, q_prev {}) is not {} x {} at rank {}",
+      base.describe(), p_prev.describe(), q_prev.describe(), rows, cols, rank);
+  low_rank_deferred_error({rows, cols, rank}, base, p_prev, q_prev, error);
 }
 
 void bind_powersgd(py::module_& m) {
@@ -383,6 +415,10 @@ void bind_powersgd(py::module_& m) {
         py::arg("rows"), py::arg("cols"), py::arg("rank"), py::arg("epsilon") = 0.0, ReleaseGil(),
         "PowerSGD's math on one rows x cols matrix at world size 1, in place (m, error, q; p is "
         "scratch; error may have no elements)");
+  m.def("low_rank_deferred_error", &low_rank_deferred_error_of, py::arg("base"), py::arg("p_prev"),
+        py::arg("q_prev"), py::arg("error"), py::arg("rows"), py::arg("cols"), py::arg("rank"),
+        ReleaseGil(),
+        "The error a deferred PowerSGD state stands for, into error: base - p_prev q_prev^T");
 }
 
 // Error feedback's residuals, for checkpoints (see centralized_low_precision.h).

@@ -119,8 +119,10 @@ def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", w
     state = model.bagua_ddp.state_dict()["algorithm_state"]
     restored = PowerSGDAlgorithm().reify(None)
     restored.load_state_dict(model.bagua_ddp, state)
+    # the error as the state says it (deferred on the CPU: M - p_prev q_prev^T)
     round_trip = all(torch.equal(restored._q[k], impl._q[k]) for k in impl._q) and \
-        all(torch.equal(restored._error[k], impl._error[k]) for k in impl._error)
+        all(torch.equal(restored._materialized_error(k, restored._error[k]), impl._materialized_error(k, v))
+            for k, v in impl._error.items())
     torch.save({"params": params, "state_q": sorted(state["q"]), "state_error": sorted(state["error"]),
                 "round_trip": round_trip, "names": [p.bagua_tensor_name for p in model.parameters()],
                 "bytes_sent": impl.bytes_sent, "bytes_uncompressed": impl.bytes_uncompressed,

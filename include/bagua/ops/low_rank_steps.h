@@ -10,6 +10,7 @@
 // 13-22 ms where this pass takes about 2 (docs/algorithms.md, PowerSGD).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -83,6 +84,77 @@ C dot(const T* row, const C* column, std::int64_t n) {
   return total;
 }
 
+// Row i of P Q^T into `approx` (cols values): `factors` is P's row i, `qt`
+// Q transposed (see transposed). Every step that forms the approximation
+// forms it this way, so they agree to the bit.
+template <typename T, typename C>
+void approximate_row(LowRankShape s, const T* factors, const C* __restrict qt,
+                     C* __restrict approx) {
+  const std::int64_t cols = s.cols;
+  std::fill(approx, approx + cols, C{0});
+  for (std::int64_t k = 0; k < s.rank; ++k) {
+    const C weight = load(factors[k]);
+    const C* __restrict column = qt + k * cols;
+    for (std::int64_t j = 0; j < cols; ++j) approx[j] += weight * column[j];
+  }
+}
+
+// row = g + store(row - approximation), the approximation of P's row
+// `factors` formed as approximate_row does (the same sums in the same
+// order). Ranks 1 and 2, the common ones, in one pass with the rank known
+// to the compiler; others through the `approx` buffer.
+template <int kRank, typename T, typename C>
+void add_deferred_error_row_of_rank(std::int64_t cols, const T* __restrict g, const T* factors,
+                                    const C* __restrict qt, T* __restrict row) {
+  C weight[kRank];
+  for (int k = 0; k < kRank; ++k) weight[k] = load(factors[k]);
+  for (std::int64_t j = 0; j < cols; ++j) {
+    C a = 0;
+    for (int k = 0; k < kRank; ++k) a += weight[k] * qt[k * cols + j];
+    const T error = store<T>(load(row[j]) - a);
+    row[j] = store<T>(load(g[j]) + load(error));
+  }
+}
+
+template <typename T, typename C>
+void add_deferred_error_row(LowRankShape s, const T* g, const T* factors, const C* qt, C* approx,
+                            T* row) {
+  if (s.rank == 1) return add_deferred_error_row_of_rank<1>(s.cols, g, factors, qt, row);
+  if (s.rank == 2) return add_deferred_error_row_of_rank<2>(s.cols, g, factors, qt, row);
+  approximate_row(s, factors, qt, approx);
+  for (std::int64_t j = 0; j < s.cols; ++j) {
+    const T error = store<T>(load(row[j]) - approx[j]);
+    row[j] = store<T>(load(g[j]) + load(error));
+  }
+}
+
+// row = store(approximation) of P's row `factors`, as approximate_row forms
+// it; ranks 1 and 2 in one pass, as add_deferred_error_row.
+template <int kRank, typename T, typename C>
+void write_approximation_row_of_rank(std::int64_t cols, const T* factors, const C* __restrict qt,
+                                     T* __restrict row) {
+  C weight[kRank];
+  for (int k = 0; k < kRank; ++k) weight[k] = load(factors[k]);
+  for (std::int64_t j = 0; j < cols; ++j) {
+    C a = 0;
+    for (int k = 0; k < kRank; ++k) a += weight[k] * qt[k * cols + j];
+    row[j] = store<T>(a);
+  }
+}
+
+template <typename T, typename C>
+void write_approximation_row(LowRankShape s, const T* factors, const C* qt, C* approx, T* row) {
+  if (s.rank == 1) return write_approximation_row_of_rank<1>(s.cols, factors, qt, row);
+  if (s.rank == 2) return write_approximation_row_of_rank<2>(s.cols, factors, qt, row);
+  approximate_row(s, factors, qt, approx);
+  for (std::int64_t j = 0; j < s.cols; ++j) row[j] = store<T>(approx[j]);
+}
+
+inline void require_host(const TensorView& v, const char* what) {
+  BAGUA_CHECK_ARG(v.device.type == DeviceType::kCPU, "{} runs on host memory, got {}", what,
+                  v.describe());
+}
+
 }  // namespace low_rank_detail
 
 // M += error (when `error` has elements), then P = M Q.
@@ -154,12 +226,7 @@ inline void low_rank_reconstruct(Compute& c, LowRankShape s, const TensorView& m
       std::vector<C> approx(static_cast<std::size_t>(s.cols));
       const T* factors = p.data_as<T>();
       for (std::int64_t i = 0; i < s.rows; ++i) {
-        std::fill(approx.begin(), approx.end(), C{0});
-        for (std::int64_t k = 0; k < s.rank; ++k) {
-          const C weight = load(factors[i * s.rank + k]);
-          const C* column = qt.data() + k * s.cols;
-          for (std::int64_t j = 0; j < s.cols; ++j) approx[j] += weight * column[j];
-        }
+        low_rank_detail::approximate_row(s, factors + i * s.rank, qt.data(), approx.data());
         T* row = m.data_as<T>() + i * s.cols;
         if (error.numel > 0) {
           T* e = error.data_as<T>() + i * s.cols;
@@ -206,6 +273,78 @@ inline void orthogonalize_columns(Compute& c, LowRankShape s, const TensorView& 
     });
   };
   c.run_custom(on_host, [&](void* stream) { cuda_orthogonalize_columns(s, p, epsilon, stream); });
+}
+
+// Deferred error feedback (host memory). Instead of the error
+// E = M - P Q^T, the op keeps M itself (`base`) and the factors that
+// approximated it (`p_prev`, `q_prev`), and forms E row by row when the next
+// step adds it to the gradient. The error is then never written and the
+// reconstruction only writes the average: per step 3 passes of reads and 2
+// of writes over the gradient's size instead of 4 and 3. E is rounded to T
+// as the materialized error is, so both schemes give the same bits. With
+// p_prev all zeros (the start, or a loaded checkpoint's error put in
+// `base`), E is `base` exactly.
+
+// base = grad + (base - p_prev q_prev^T), then P = base Q.
+inline void low_rank_project_deferred(LowRankShape s, const TensorView& grad,
+                                      const TensorView& base, const TensorView& p_prev,
+                                      const TensorView& q_prev, const TensorView& q,
+                                      const TensorView& p) {
+  low_rank_detail::require_host(grad, "low_rank_project_deferred");
+  low_rank_detail::dispatch_floating(grad.dtype, "low_rank_project_deferred", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_type_t<T>;
+    const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+    const auto qt_prev = low_rank_detail::transposed(q_prev.data_as<T>(), s.cols, s.rank);
+    std::vector<C> approx(static_cast<std::size_t>(s.cols));
+    T* out = p.data_as<T>();
+    for (std::int64_t i = 0; i < s.rows; ++i) {
+      const T* g = grad.data_as<T>() + i * s.cols;
+      T* row = base.data_as<T>() + i * s.cols;
+      low_rank_detail::add_deferred_error_row(s, g, p_prev.data_as<T>() + i * s.rank,
+                                              qt_prev.data(), approx.data(), row);
+      for (std::int64_t k = 0; k < s.rank; ++k) {
+        out[i * s.rank + k] = store<T>(low_rank_detail::dot(row, qt.data() + k * s.cols, s.cols));
+      }
+    }
+  });
+}
+
+// grad = P Q^T (the average), the only pass of the reconstruction.
+inline void low_rank_write_approximation(LowRankShape s, const TensorView& grad,
+                                         const TensorView& p, const TensorView& q) {
+  low_rank_detail::require_host(grad, "low_rank_write_approximation");
+  low_rank_detail::dispatch_floating(grad.dtype, "low_rank_write_approximation", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_type_t<T>;
+    const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+    std::vector<C> approx(static_cast<std::size_t>(s.cols));
+    for (std::int64_t i = 0; i < s.rows; ++i) {
+      low_rank_detail::write_approximation_row(s, p.data_as<T>() + i * s.rank, qt.data(),
+                                               approx.data(), grad.data_as<T>() + i * s.cols);
+    }
+  });
+}
+
+// error = base - p_prev q_prev^T: the error the deferred scheme stands for
+// (for checkpoints, which keep the materialized error).
+inline void low_rank_deferred_error(LowRankShape s, const TensorView& base,
+                                    const TensorView& p_prev, const TensorView& q_prev,
+                                    const TensorView& error) {
+  low_rank_detail::require_host(base, "low_rank_deferred_error");
+  low_rank_detail::dispatch_floating(base.dtype, "low_rank_deferred_error", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_type_t<T>;
+    const auto qt_prev = low_rank_detail::transposed(q_prev.data_as<T>(), s.cols, s.rank);
+    std::vector<C> approx(static_cast<std::size_t>(s.cols));
+    for (std::int64_t i = 0; i < s.rows; ++i) {
+      low_rank_detail::approximate_row(s, p_prev.data_as<T>() + i * s.rank, qt_prev.data(),
+                                       approx.data());
+      const T* row = base.data_as<T>() + i * s.cols;
+      T* e = error.data_as<T>() + i * s.cols;
+      for (std::int64_t j = 0; j < s.cols; ++j) e[j] = store<T>(load(row[j]) - approx[j]);
+    }
+  });
 }
 
 }  // namespace bagua

@@ -44,12 +44,22 @@ struct PowerSGDOptions {
 // A bucket tensor sent as factors: its index in the bucket, its shape as a
 // matrix, and its state (q: cols x rank; error: rows x cols, or no elements
 // without error feedback), of the bucket's dtype and device.
+//
+// With p_prev (rows x rank) and q_prev (cols x rank) given, on host memory,
+// the error is deferred (low_rank_steps.h): `error` then holds M, the
+// gradient plus the error of the step before, and the error is that minus
+// p_prev q_prev^T, formed when the next step needs it. Without them (no
+// elements; device buckets) `error` holds the error itself.
 struct LowRankTensor {
   std::int64_t index = 0;
   std::int64_t rows = 0;
   std::int64_t cols = 0;
   TensorView q;
   TensorView error;
+  TensorView p_prev;
+  TensorView q_prev;
+
+  bool deferred() const { return p_prev.numel > 0; }
 };
 
 class PowerSGDOp final : public HierarchicalOp {

@@ -295,12 +295,14 @@ class BaguaBucket:
         seen as ``shape[0]`` rows; ``q`` (columns x ``rank``) and ``error``
         (the tensor's size, or None without error feedback) are tensors of
         the bucket's dtype and device that the op updates in place every
-        step, kept alive by the bucket. The other tensors are averaged
+        step, kept alive by the bucket. ``(index, q, error, p_prev, q_prev)``
+        (host memory, every matrix or none) defers the error: ``error`` then
+        holds M and the error is M - p_prev q_prev^T (``PowerSGDOp``). The other tensors are averaged
         uncompressed. Returns the op, whose ``compressing`` property (off at
         first) switches between plain and low-rank averaging."""
         group = _group_or_default(group)
-        entries = []
-        for index, q, error in matrices:
+        entries, deferred = [], []
+        for index, q, error, *kept in matrices:
             grad = self.tensors[index].bagua_registered_tensor()
             rows = grad.shape[0] if grad.dim() > 0 else 1
             for what, state in (("q", q), ("error", error)):
@@ -311,10 +313,15 @@ class BaguaBucket:
             no_error = core.TensorView(0, 0, dtype_name(self.dtype), device_name(self.device))
             entries.append((index, rows, grad.numel() // max(rows, 1), tensor_view(q, "q", allow_cuda=True),
                             no_error if error is None else tensor_view(error, "error", allow_cuda=True)))
-            self._keep_alive.extend(s for s in (q, error) if s is not None)
+            self._keep_alive.extend(s for s in (q, error, *kept) if s is not None)
+            if kept:
+                deferred.append(tuple(tensor_view(s, name) for s, name in zip(kept, ("p_prev", "q_prev"))))
+        if deferred and len(deferred) != len(entries):
+            raise InvalidArgumentError("append_powersgd_op: give p_prev and q_prev for every matrix or for none")
         return self.backend_bucket.append_powersgd_op(
             group.get_bucket_communicator(), entries, core.PowerSGDOptions(
-                rank=rank, orthogonalization_epsilon=orthogonalization_epsilon, low_precision=low_precision))
+                rank=rank, orthogonalization_epsilon=orthogonalization_epsilon, low_precision=low_precision),
+            deferred)
 
     def _check_copy(self, what, tensor):
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != self.dtype or \

@@ -229,7 +229,7 @@ class PowerSGDState(_HookState):
     def append_op(self, bucket, views, names):
         from bagua.torch_api.algorithms.powersgd import compresses
 
-        impl, matrices = self.impl, []
+        impl, matrices, deferred = self.impl, [], []
         for index, (grad, name) in enumerate(zip(views, names)):
             if not compresses(grad.shape, impl.rank, impl.min_compression_rate):
                 continue
@@ -239,8 +239,11 @@ class PowerSGDState(_HookState):
             no_error = core.TensorView(0, 0, dtype_name(grad.dtype), device_name(grad.device))
             matrices.append((index, m.shape[0], m.shape[1], tensor_view(q, allow_cuda=True),
                              no_error if error is None else tensor_view(error, allow_cuda=True)))
+            kept = impl._deferred_for(name, error)  # the error deferred on host memory
+            if kept:
+                deferred.append(tuple(tensor_view(t) for t in kept))
         op = bucket.append_powersgd_op(self.group.get_bucket_communicator(), matrices, core.PowerSGDOptions(
-            rank=impl.rank, low_precision=impl.low_precision, orthogonalization_epsilon=impl.epsilon))
+            rank=impl.rank, low_precision=impl.low_precision, orthogonalization_epsilon=impl.epsilon), deferred)
         op.compressing = self.compressing
         return op
 

@@ -1,0 +1,115 @@
+// PowerSGD's deferred error feedback (bagua/ops/low_rank_steps.h) against
+// the materialized one: over several steps both give the same bits, in the
+// averaged gradient, in P and Q, and in the error a checkpoint saves.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "bagua/ops/low_rank_steps.h"
+#include "typed_buffer.h"
+
+using namespace bagua;
+using bagua::testing::TypedBuffer;
+
+namespace {
+
+struct Buffers {
+  TypedBuffer m, error, q, p;
+  Buffers(DType dtype, LowRankShape s)
+      : m(dtype, s.rows * s.cols),
+        error(dtype, s.rows * s.cols),
+        q(dtype, s.cols * s.rank),
+        p(dtype, s.rows * s.rank) {}
+};
+
+bool same_bits(TypedBuffer& a, TypedBuffer& b) {
+  const TensorView x = a.view();
+  const TensorView y = b.view();
+  return x.numel == y.numel && std::memcmp(x.data, y.data, x.nbytes()) == 0;
+}
+
+void fill_gradient(TypedBuffer& grad, std::mt19937& rng) {
+  std::normal_distribution<double> normal;
+  for (std::int64_t i = 0; i < grad.numel(); ++i) grad.set(i, normal(rng));
+}
+
+void run_deferred_against_materialized(DType dtype, LowRankShape s) {
+  auto compute = compute_for(Device{});
+  Compute& c = *compute;
+  Buffers materialized(dtype, s);
+  Buffers deferred(dtype, s);  // deferred.error holds M
+  TypedBuffer p_prev(dtype, s.rows * s.rank), q_prev(dtype, s.cols * s.rank);
+  TypedBuffer grad(dtype, s.rows * s.cols), error_of_state(dtype, s.rows * s.cols);
+  std::mt19937 rng(7);
+  std::normal_distribution<double> normal;
+  for (std::int64_t i = 0; i < s.cols * s.rank; ++i) {
+    const double v = normal(rng);
+    materialized.q.set(i, v);
+    deferred.q.set(i, v);
+  }
+  for (int step = 0; step < 4; ++step) {
+    CAPTURE(step);
+    fill_gradient(materialized.m, rng);
+    std::memcpy(grad.view().data, materialized.m.view().data, grad.view().nbytes());
+    // materialized: M += error, P = M Q, ..., error = M - P Q^T, M = P Q^T
+    low_rank_project(c, s, materialized.m.view(), materialized.error.view(), materialized.q.view(),
+                     materialized.p.view());
+    orthogonalize_columns(c, s, materialized.p.view(), 0.0);
+    low_rank_project_back(c, s, materialized.m.view(), materialized.p.view(),
+                          materialized.q.view());
+    low_rank_reconstruct(c, s, materialized.m.view(), materialized.error.view(),
+                         materialized.p.view(), materialized.q.view());
+    // deferred: M kept apart, the gradient only written at the end
+    low_rank_project_deferred(s, grad.view(), deferred.error.view(), p_prev.view(), q_prev.view(),
+                              deferred.q.view(), deferred.p.view());
+    orthogonalize_columns(c, s, deferred.p.view(), 0.0);
+    low_rank_project_back(c, s, deferred.error.view(), deferred.p.view(), deferred.q.view());
+    low_rank_write_approximation(s, grad.view(), deferred.p.view(), deferred.q.view());
+    std::memcpy(p_prev.view().data, deferred.p.view().data, p_prev.view().nbytes());
+    std::memcpy(q_prev.view().data, deferred.q.view().data, q_prev.view().nbytes());
+    c.finish("test", std::chrono::milliseconds(10000));
+
+    CHECK(same_bits(materialized.p, deferred.p));
+    CHECK(same_bits(materialized.q, deferred.q));
+    CHECK(same_bits(materialized.m, grad));  // the average the optimizer gets
+    low_rank_deferred_error(s, deferred.error.view(), p_prev.view(), q_prev.view(),
+                            error_of_state.view());
+    CHECK(same_bits(materialized.error, error_of_state));  // what a checkpoint saves
+  }
+}
+
+}  // namespace
+
+TEST_CASE("deferred error feedback gives the bits of the materialized error") {
+  for (const DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    for (const LowRankShape s :
+         {LowRankShape{37, 23, 1}, LowRankShape{5, 300, 3}, LowRankShape{64, 9, 2}}) {
+      CAPTURE(to_string(dtype));
+      CAPTURE(s.rows);
+      CAPTURE(s.rank);
+      run_deferred_against_materialized(dtype, s);
+    }
+  }
+}
+
+TEST_CASE("with p_prev all zeros the deferred error is the state itself") {
+  const LowRankShape s{6, 4, 2};
+  TypedBuffer base(DType::kFloat32, 24), p_prev(DType::kFloat32, 12), q_prev(DType::kFloat32, 8),
+      error(DType::kFloat32, 24);
+  std::mt19937 rng(3);
+  fill_gradient(base, rng);
+  fill_gradient(q_prev, rng);
+  for (std::int64_t i = 0; i < 12; ++i) p_prev.set(i, 0.0);
+  low_rank_deferred_error(s, base.view(), p_prev.view(), q_prev.view(), error.view());
+  CHECK(same_bits(base, error));
+}
+
+TEST_CASE("the deferred steps refuse device memory") {
+  const LowRankShape s{2, 2, 1};
+  TypedBuffer a(DType::kFloat32, 4), b(DType::kFloat32, 2);
+  TensorView on_device = a.view();
+  on_device.device = Device{DeviceType::kCUDA, 0};
+  CHECK_THROWS_AS(low_rank_write_approximation(s, on_device, b.view(), b.view()), InvalidArgument);
+}
