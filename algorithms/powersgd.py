@@ -42,6 +42,7 @@ from typing import Dict
 import torch
 
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl, ArgumentChecks
+from bagua.torch_api.bucket import BaguaBucket
 from bagua.torch_api import InvalidArgumentError
 
 __all__ = ["PowerSGDAlgorithm", "PowerSGDAlgorithmImpl", "initial_q", "orthogonalize", "compresses"]
@@ -118,7 +119,12 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
                 for t in group:  # a gradient has its parameter's dtype and device
                     kinds.setdefault((t.dtype, t.device), []).append(t)
             tensors = list(kinds.values())
-        return super().tensors_to_buckets(tensors, do_flatten)
+        # On host memory the op reads each gradient where autograd left it:
+        # no flat buffer, and a fresh gradient (zero_grad(set_to_none=True))
+        # is adopted, not copied in (the op's first pass reads it anyway).
+        return [BaguaBucket(group, flatten=do_flatten and group[0].device.type != "cpu", name=f"bucket{index}",
+                            adopt_replaced=True)
+                for index, group in enumerate(tensors)]
 
     def need_reset(self) -> bool:
         rebuild, self._rebuild = self._rebuild, False

@@ -63,6 +63,9 @@ MODELS = {  # name: what it is (for the tables and the plot)
     "mlp": "MLP 64-2048-2048-10 (4.35 M parameters, 17.4 MB of gradients)",
     "deep_mlp": "MLP 64-1024-2048-1024-10 (4.27 M parameters, 17.1 MB of gradients)",
     "transformer": "transformer, 2 layers of width 256 over the 8 rows of a digit (1.59 M parameters)",
+    "issue_mlp": "MLP 512-1536-1536-1024-10 over each digit's 64 pixels repeated 8 times "
+                 "(4.72 M parameters, issue 43's MLP)",
+    "transformer12": "transformer, 12 layers of width 256 over the 8 rows of a digit (9.48 M parameters)",
 }
 
 
@@ -75,14 +78,14 @@ def mlp(*widths):
     return torch.nn.Sequential(*layers[:-1])
 
 
-def build_transformer():
+def build_transformer(layers=2):
     """A small encoder over the 8 rows of an 8 x 8 digit (8 tokens of 8
     pixels), mean-pooled into the classes: attention, layer norms and
     matrices of several shapes, unlike the MLPs."""
     import torch
 
     class RowTransformer(torch.nn.Module):
-        def __init__(self, width=256, layers=2):
+        def __init__(self, width=256, layers=layers):
             super().__init__()
             self.embed = torch.nn.Linear(8, width)
             self.position = torch.nn.Parameter(torch.zeros(8, width))
@@ -98,8 +101,18 @@ def build_transformer():
 
 
 def build_model(name="mlp"):
+    import torch
+
     if name == "transformer":
         return build_transformer()
+    if name == "transformer12":
+        return build_transformer(layers=12)
+    if name == "issue_mlp":  # its 512 inputs: the 64 pixels 8 times over
+        class Repeat(torch.nn.Module):
+            def forward(self, x):
+                return x.repeat(1, 8)
+
+        return torch.nn.Sequential(Repeat(), mlp(8 * INPUT, 1536, 1536, 1024, CLASSES))
     return mlp(INPUT, 2048, 2048, CLASSES) if name == "mlp" else mlp(INPUT, 1024, 2048, 1024, CLASSES)
 
 
@@ -334,6 +347,8 @@ def worker(args):
     bagua.init_process_group()
     rank, world = bagua.get_rank(), bagua.get_world_size()
     batches, test = rank_batches(rank, world, args.batch)
+    global START_ITER
+    START_ITER = args.start_iter
     runs = {kind: make_run(kind, args.rank, args.lr, args.model) for kind in args.kinds.split(",")}
     math = factor_math(next(iter(runs.values()))[0], args.rank)
     clock = timeline.get(rank)  # with --breakdown (BAGUA_TIMELINE set)
@@ -459,6 +474,9 @@ def main():
     parser.add_argument("--rank", type=int, default=2,
                         help="PowerSGD's matrix approximation rank (ours, the hook's, auto's); at rank 1, "
                              "60 steps left both 2.9-4 points of accuracy below DDP's")
+    parser.add_argument("--start-iter", type=int, default=START_ITER,
+                        help="PowerSGD's (ours, the hooks', auto's) uncompressed first steps; at 10 Mbit/s "
+                             "each takes seconds")
     parser.add_argument("--steps", type=int, default=60, help="training steps of every kind")
     parser.add_argument("--skip-steps", type=int, default=20, help="steps left out of the step time")
     parser.add_argument("--batch", type=int, default=32, help="per rank")
@@ -484,7 +502,8 @@ def main():
     if any(r != "loopback" and not r.isdigit() for r in args.rates.split(",")):
         parser.error("--rates: Mbit/s numbers or 'loopback'")
 
-    worker_args = ["--kinds", args.kinds, "--rank", str(args.rank), "--steps", str(args.steps),
+    worker_args = ["--kinds", args.kinds, "--rank", str(args.rank), "--start-iter", str(args.start_iter),
+                   "--steps", str(args.steps),
                    "--skip-steps", str(args.skip_steps), "--batch", str(args.batch), "--lr", str(args.lr),
                    "--model", args.model]
     report = {"machine": machine(), "config": vars(args), "rates": {}, "factor_math": {}}

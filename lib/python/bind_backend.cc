@@ -68,6 +68,7 @@ void bind_backend_class(py::module_& m) {
             }
           },
           py::arg("name"), py::arg("cuda_stream") = std::nullopt)
+      .def("rebind_tensor", &Backend::rebind_tensor, py::arg("name"), py::arg("view"))
       .def("mark_remaining_ready", &Backend::mark_remaining_ready)
       // The tensors not marked ready yet this iteration, in bucket order.
       .def("unready_tensor_names", &Backend::unready_tensor_names)

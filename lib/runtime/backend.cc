@@ -106,6 +106,22 @@ void Backend::mark_locked(const std::string& tensor_name, std::unique_lock<std::
   }
 }
 
+void Backend::rebind_tensor(const std::string& tensor_name, const TensorView& view) {
+  std::unique_lock lock(mutex_);
+  rethrow_if_failed_locked();
+  const auto found = slots_.find(tensor_name);
+  BAGUA_CHECK_ARG(found != slots_.end(), "rank {}: tensor '{}' is not in any registered bucket",
+                  options_.rank, tensor_name);
+  const auto [b, t] = found->second;
+  // Not ready yet: its bucket cannot run this iteration, and the last one's
+  // ops finished in wait_pending_comm_ops.
+  BAGUA_CHECK_ARG(!tensor_ready_[b][t],
+                  "rank {}: tensor '{}' of bucket '{}' cannot move to other memory after it was "
+                  "marked ready",
+                  options_.rank, tensor_name, buckets_[b]->name());
+  buckets_[b]->rebind_tensor(t, view);
+}
+
 void Backend::mark_remaining_ready() {
   std::unique_lock lock(mutex_);
   rethrow_if_failed_locked();

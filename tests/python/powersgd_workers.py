@@ -130,6 +130,36 @@ def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", w
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_fresh_gradients(out_dir, low_precision="0"):
+    """The same PowerSGD run with zero_grad(set_to_none=True), whose fresh
+    gradients the buckets adopt instead of copying, and with
+    set_to_none=False, which keeps the gradients in place: the parameters
+    after every step, and whether the first run's buckets worked on the
+    gradient autograd allocated (its memory, not a copy)."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    runs = {}
+    adopted, held = [], []  # held: every step's gradients stay alive, so none's id is reused
+    for set_to_none in (True, False):
+        model, opt = fresh_model_and_optimizer("sgd")
+        model = model.with_bagua([opt], PowerSGDAlgorithm(rank=2, start_iter=1,
+                                                          low_precision=low_precision == "1"))
+        params = []
+        for x, y in batches(rank, steps=5):
+            opt.zero_grad(set_to_none=set_to_none)
+            F.cross_entropy(model(x), y).backward()
+            if set_to_none:  # the registered memory is the tensor autograd made this step
+                held.append([p.grad for p in model.parameters()])
+                adopted.append(all(p.grad is p.bagua_registered_tensor() and
+                                   all(p.grad is not earlier[i] for earlier in held[:-1])
+                                   for i, p in enumerate(model.parameters())))
+            opt.step()
+            params.append([p.detach().clone() for p in model.parameters()])
+        runs[set_to_none] = params
+    torch.save({"fresh": runs[True], "kept": runs[False], "adopted": adopted},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 def scenario_exchange(out_dir, low_precision):
     """One compressed exchange of the C++ op on the exchange inputs (one flat
     bucket: the vector, then the matrices), and the reference computed in

@@ -182,6 +182,21 @@ def test_training_matches_the_reference(tmp_path, world_size, rank_r, start_iter
     assert all(r["round_trip"] for r in results)
 
 
+@pytest.mark.parametrize("world_size,low_precision", [(2, "0"), (3, "1")])
+def test_adopted_fresh_gradients_give_the_bits_of_kept_ones(tmp_path, world_size, low_precision):
+    """With zero_grad(set_to_none=True) the buckets take autograd's fresh
+    gradient as their memory instead of copying it in: the run is the same,
+    bit for bit, as with the gradients kept in place."""
+    results = run_workers("fresh_gradients", world_size, tmp_path, script=WORKERS, args=(low_precision,))
+    for rank, result in enumerate(results):
+        assert all(result["adopted"]), (rank, result["adopted"])
+        for step, (fresh, kept) in enumerate(zip(result["fresh"], result["kept"])):
+            for i, (a, b) in enumerate(zip(fresh, kept)):
+                assert torch.equal(a, b), f"rank {rank}, step {step + 1}, parameter {i}"
+        for step, params in enumerate(result["fresh"]):  # replicas agree
+            assert all(torch.equal(a, b) for a, b in zip(params, results[0]["fresh"][step])), (rank, step)
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 5])
 @pytest.mark.parametrize("low_precision", [False, True])
 def test_exchange_matches_the_reference(tmp_path, world_size, low_precision):

@@ -77,6 +77,12 @@ class Backend {
   // on `cuda_stream` (a cudaStream_t; nullptr is the legacy default stream)
   // so far is done.
   void mark_communication_ready_on_stream(const std::string& tensor_name, void* cuda_stream);
+  // Before the tensor is marked ready this iteration: its bucket reads and
+  // writes `view` from now on instead of its registered memory (the same
+  // size, dtype and device). The training loop replaced the tensor (a fresh
+  // gradient after zero_grad(set_to_none=True)); adopting it saves the copy
+  // into the old memory.
+  void rebind_tensor(const std::string& tensor_name, const TensorView& view);
   // Marks every tensor not yet marked this iteration (unused parameters),
   // in bucket order, so all ranks still run every bucket.
   void mark_remaining_ready();

@@ -63,6 +63,22 @@ class Bucket {
     return true;
   }
 
+  // Points tensor `index` at other memory of the same size, dtype and device
+  // (a gradient autograd allocated afresh, adopted instead of copied in; see
+  // Backend::rebind_tensor). A flat bucket then stops being flat and
+  // with_flat_view stages it. Ops find their tensors through tensors() when
+  // they run, never through pointers kept from before.
+  void rebind_tensor(std::size_t index, const TensorView& view) {
+    BAGUA_CHECK_ARG(index < tensors_.size(), "bucket '{}' has no tensor {}", name_, index);
+    BucketTensor& tensor = tensors_[index];
+    BAGUA_CHECK_ARG(view.numel == tensor.view.numel && view.dtype == tensor.view.dtype &&
+                        view.device == tensor.view.device &&
+                        (view.numel == 0 || view.data != nullptr),
+                    "bucket '{}': tensor '{}' ({}) cannot move to {}", name_, tensor.name,
+                    tensor.view.describe(), view.describe());
+    tensor.view = view;
+  }
+
   void append_op(std::shared_ptr<CommOp> op) {
     BAGUA_CHECK_ARG(op != nullptr, "bucket '{}': cannot append a null op", name_);
     ops_.push_back(std::move(op));

@@ -18,7 +18,12 @@ from bagua.torch_api.tensor import BaguaTensor
 
 class BaguaBucket:
     def __init__(self, tensors: List[BaguaTensor], name: str, flatten: bool = True,
-                 alignment: int = 1):
+                 alignment: int = 1, adopt_replaced: bool = False):
+        """``adopt_replaced`` (host memory, not flattened): when the training
+        loop replaces a tensor (a fresh gradient after
+        ``zero_grad(set_to_none=True)``), the bucket takes the new tensor as
+        its memory instead of copying it into the old one. Only for ops
+        that find their tensors when they run (PowerSGD's)."""
         if not tensors:
             raise InvalidArgumentError(f"bucket '{name}' has no tensors")
         if alignment < 1:
@@ -61,8 +66,9 @@ class BaguaBucket:
                     t._bagua_register(view)
                     offset += current.numel()
         else:
+            adopts = adopt_replaced and self.device.type == "cpu"
             for t, current in zip(self.tensors, currents):
-                t._bagua_register(current)
+                t._bagua_register(current, adopts)
         self._keep_alive = []  # tensors the ops hold views of
         self.error_feedback_ops: List["ErrorFeedbackOp"] = []  # their residuals go into checkpoints
         self.backend_bucket = core.Bucket(

@@ -38,13 +38,14 @@ class _Runtime:
     (closures and the backend are not picklable, and a loaded tensor is
     registered nowhere); a deep copy keeps the closures, not the registration."""
 
-    __slots__ = ("getter", "setter", "registered", "backend")
+    __slots__ = ("getter", "setter", "registered", "backend", "adopts")
 
     def __init__(self, getter=None, setter=None):
         self.getter = getter
         self.setter = setter
         self.registered: Optional[torch.Tensor] = None
         self.backend = None
+        self.adopts = False  # a replaced effective tensor becomes the registered one (no copy)
 
     def __reduce__(self):
         return _Runtime, ()
@@ -190,8 +191,10 @@ class BaguaTensor(metaclass=_BaguaTensorType):
         check_tensor(value, f"tensor '{_name(self)}'", any_dense_order=True)
         return value
 
-    def _bagua_register(self, registered: torch.Tensor) -> None:
-        _runtime(self).registered = registered
+    def _bagua_register(self, registered: torch.Tensor, adopts: bool = False) -> None:
+        runtime = _runtime(self)
+        runtime.registered = registered
+        runtime.adopts = adopts
 
     def _bagua_attach_backend(self, backend) -> None:
         _runtime(self).backend = backend
@@ -208,6 +211,13 @@ class BaguaTensor(metaclass=_BaguaTensorType):
                 self.bagua_setter_closure(registered)
             return
         if value.data_ptr() != registered.data_ptr():
+            if runtime.adopts and runtime.backend is not None and _adoptable(value, registered):
+                # The bucket reads and writes the new tensor itself: no copy,
+                # and the effective tensor already is it.
+                runtime.backend.rebind_tensor(_name(self), tensor_view(value, f"tensor '{_name(self)}'",
+                                                                       any_dense_order=True))
+                runtime.registered = value
+                return
             with torch.no_grad():
                 registered.copy_(value.view_as(registered))
             self.bagua_setter_closure(registered)
@@ -237,6 +247,15 @@ class BaguaTensor(metaclass=_BaguaTensorType):
             runtime.backend.mark_communication_ready(self.bagua_tensor_name, cuda_stream=stream)
         else:
             runtime.backend.mark_communication_ready(self.bagua_tensor_name)
+
+
+def _adoptable(value: torch.Tensor, registered: torch.Tensor) -> bool:
+    """Whether a bucket may use ``value`` in place of ``registered``: host
+    memory of the same dtype, shape and memory order, dense."""
+    return (value.device.type == "cpu" and registered.device.type == "cpu" and value.layout == torch.strided
+            and value.dtype == registered.dtype and value.shape == registered.shape
+            and value.stride() == registered.stride() and not value.requires_grad
+            and (value.is_contiguous() or value.is_contiguous(memory_format=torch.channels_last)))
 
 
 def _named_backend(tensor):
