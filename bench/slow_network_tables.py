@@ -4,7 +4,10 @@ accuracy; then the two checks of issue 34 per rate and run: our best
 synchronous algorithm over DDP's best hook (fp16 or PowerSGD; goal: at
 most 0.8 at 100 Mbit/s and 1 Gbit/s), and auto over the best candidate it
 could have chosen (goal: at most 1.10), each as the ratio of the medians and
-(in brackets) the median of the per-step ratios, with auto's decisions.
+(in brackets) the median of the per-step ratios, with auto's decisions;
+with `local` in the runs, issue 43's check: our best synchronous kind over
+the step without communication (goal: at most 1.5) and its accuracy
+against DDP's (--ddp-accuracy when DDP did not run).
 
     /usr/bin/python3 bench/slow_network_tables.py bench/results/slow_network_deep_mlp_run1.json \\
         bench/results/slow_network_deep_mlp_run2.json
@@ -72,6 +75,53 @@ def checks_table(runs: List[dict], numbers: List[int]) -> List[str]:
     return rows
 
 
+def floor_table(runs: List[dict], numbers: List[int], ddp_accuracy=None) -> List[str]:
+    """Issue 43's check: our best synchronous kind over `local`, the step
+    without communication (goal: at most 1.5), and its accuracy against
+    DDP's (within 1.5 points; ``ddp_accuracy`` when DDP did not run here)."""
+    rows = ["| rate | run | our best / local (no communication) | its accuracy / DDP's |",
+            "| --- | --- | --- | --- |"]
+    for rate in runs[0]["rates"]:
+        for number, run in zip(numbers, runs):
+            result, skip = run["rates"][rate], run["config"]["skip_steps"]
+            ours = best(result, SYNCHRONOUS)
+            if not ours or "local" not in result:
+                continue
+            ddp = result["ddp"]["accuracy"] if "ddp" in result else ddp_accuracy
+            accuracy = f"{result[ours]['accuracy']:.2f} / {ddp:.2f} %" if ddp is not None else \
+                f"{result[ours]['accuracy']:.2f} % / n/a"
+            rows.append(f"| {rate} | {number} | {ratio(result, ours, 'local', skip)}: {ours} | {accuracy} |")
+    return rows
+
+
+def breakdown_table(runs: List[dict], numbers: List[int], labels: List[str], kind: str) -> List[str]:
+    """Where `kind`'s median step went on rank 0 (runs made with --breakdown):
+    compute (to the last gradient ready), the op's factor passes and
+    exchanges after it, waiting, the optimizer step; `local`'s stages beside
+    it (forward + backward, optimizer step)."""
+    rows = ["| code | rate | run | step ms | compute | factor passes (project + back + reconstruct) | "
+            "exchanges (P + Q) | waiting | optimizer | local: step, forward + backward, optimizer |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for rate in runs[0]["rates"]:
+        for label, number, run in zip(labels, numbers, runs):
+            parts = (run.get("breakdown", {}).get(rate) or [{}])[0].get(kind)
+            result = run["rates"][rate]
+            if parts is None or kind not in result:
+                continue
+            passes = [parts.get(f"powersgd.{p}", 0.0) for p in ("project", "project_back", "reconstruct")]
+            exchanges = [parts.get(f"powersgd.exchange_{p}", 0.0) for p in ("p", "q")]
+            local = ""
+            if "local" in result:
+                stages = result["local"]["stages_median"]
+                local = (f"{ms(result['local']['median'])}, {ms(stages['forward'] + stages['backward'])}, "
+                         f"{ms(stages['step'])}")
+            rows.append(f"| {label} | {rate} | {number} | {ms(result[kind]['median'])} | {parts['compute']:.1f} | "
+                        f"{sum(passes):.1f} ({' + '.join(f'{x:.1f}' for x in passes)}) | "
+                        f"{sum(exchanges):.1f} ({' + '.join(f'{x:.1f}' for x in exchanges)}) | "
+                        f"{parts['waiting']:.1f} | {parts['optimizer']:.1f} | {local} |")
+    return rows
+
+
 def decisions(auto) -> str:
     if not auto:
         return ""
@@ -87,6 +137,12 @@ def decisions(auto) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="bench/slow_network.py reports (--out), in run order")
+    parser.add_argument("--ddp-accuracy", type=float, default=None,
+                        help="DDP's accuracy after the same steps, for runs without DDP (its bits do not depend "
+                             "on the link)")
+    parser.add_argument("--breakdown-kind", default="",
+                        help="also print where this kind's step went (runs made with --breakdown)")
+    parser.add_argument("--labels", default="", help="with --breakdown-kind: a label per run, e.g. before,after")
     parser.add_argument("--numbers", default="", help="the runs' numbers in the tables, e.g. 3,4 (default 1, 2, ...)")
     args = parser.parse_args()
     runs = []
@@ -104,6 +160,13 @@ def main():
         print("\n".join(kinds_table(runs, rate, numbers)))
     print()
     print("\n".join(checks_table(runs, numbers)))
+    if args.breakdown_kind:
+        labels = args.labels.split(",") if args.labels else [""] * len(runs)
+        print()
+        print("\n".join(breakdown_table(runs, numbers, labels, args.breakdown_kind)))
+    if any("local" in result for run in runs for result in run["rates"].values()):
+        print()
+        print("\n".join(floor_table(runs, numbers, args.ddp_accuracy)))
 
 
 if __name__ == "__main__":
