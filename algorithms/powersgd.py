@@ -85,6 +85,13 @@ def orthogonalize(p: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
 
 
 class PowerSGDAlgorithmImpl(AlgorithmImpl):
+    # Off: with it on, 8-bit PowerSGD on the 64-2048-2048-10 MLP at 10 Mbit/s
+    # (bench/slow_network.py, only it and `local` running) took 89-95 ms a
+    # step against 33-36 without, rank 0's backward slowed by some 60 ms; not
+    # understood yet (docs/benchmarks.md, "PowerSGD against its floor").
+    # Saves the copy of each fresh gradient (about 1-2 ms a step there).
+    adopts_fresh_gradients = False
+
     def __init__(self, process_group, rank: int, start_iter: int, min_compression_rate: float,
                  error_feedback: bool, warm_start: bool, orthogonalization_epsilon: float, seed: int,
                  low_precision: bool = False, one_bucket: bool = False):
@@ -119,9 +126,11 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
                 for t in group:  # a gradient has its parameter's dtype and device
                     kinds.setdefault((t.dtype, t.device), []).append(t)
             tensors = list(kinds.values())
-        # On host memory the op reads each gradient where autograd left it:
+        if not self.adopts_fresh_gradients:
+            return super().tensors_to_buckets(tensors, do_flatten)
+        # On host memory the op can read each gradient where autograd left it:
         # no flat buffer, and a fresh gradient (zero_grad(set_to_none=True))
-        # is adopted, not copied in (the op's first pass reads it anyway).
+        # adopted, not copied in (the op's first pass reads it anyway).
         return [BaguaBucket(group, flatten=do_flatten and group[0].device.type != "cpu", name=f"bucket{index}",
                             adopt_replaced=True)
                 for index, group in enumerate(tensors)]

@@ -74,13 +74,17 @@ void Backend::mark_communication_ready_on_stream(const std::string& tensor_name,
   mark_locked(tensor_name, lock, &cuda_stream);
 }
 
-void Backend::mark_locked(const std::string& tensor_name, std::unique_lock<std::mutex>& lock,
-                          const void* const* cuda_stream) {
-  rethrow_if_failed_locked();
+Backend::TensorSlot Backend::slot_locked(const std::string& tensor_name) const {
   const auto found = slots_.find(tensor_name);
   BAGUA_CHECK_ARG(found != slots_.end(), "rank {}: tensor '{}' is not in any registered bucket",
                   options_.rank, tensor_name);
-  const auto [b, t] = found->second;
+  return found->second;
+}
+
+void Backend::mark_locked(const std::string& tensor_name, std::unique_lock<std::mutex>& lock,
+                          const void* const* cuda_stream) {
+  rethrow_if_failed_locked();
+  const auto [b, t] = slot_locked(tensor_name);
   BAGUA_CHECK_ARG(!tensor_ready_[b][t],
                   "rank {}: tensor '{}' of bucket '{}' was marked ready twice in one iteration "
                   "(missing wait_pending_comm_ops?)",
@@ -109,10 +113,7 @@ void Backend::mark_locked(const std::string& tensor_name, std::unique_lock<std::
 void Backend::rebind_tensor(const std::string& tensor_name, const TensorView& view) {
   std::unique_lock lock(mutex_);
   rethrow_if_failed_locked();
-  const auto found = slots_.find(tensor_name);
-  BAGUA_CHECK_ARG(found != slots_.end(), "rank {}: tensor '{}' is not in any registered bucket",
-                  options_.rank, tensor_name);
-  const auto [b, t] = found->second;
+  const auto [b, t] = slot_locked(tensor_name);
   // Not ready yet: its bucket cannot run this iteration, and the last one's
   // ops finished in wait_pending_comm_ops.
   BAGUA_CHECK_ARG(!tensor_ready_[b][t],

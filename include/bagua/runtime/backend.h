@@ -110,6 +110,9 @@ class Backend {
     std::size_t tensor;
   };
 
+  // The (bucket, tensor) indices of a registered tensor; InvalidArgument
+  // naming the rank when there is none.
+  TensorSlot slot_locked(const std::string& tensor_name) const;
   void mark_locked(const std::string& tensor_name, std::unique_lock<std::mutex>& lock,
                    const void* const* cuda_stream = nullptr);
   // Runs the bucket's ops, returning the first failure (null on success).
