@@ -85,11 +85,10 @@ def orthogonalize(p: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
 
 
 class PowerSGDAlgorithmImpl(AlgorithmImpl):
-    # Off: with it on, 8-bit PowerSGD on the 64-2048-2048-10 MLP at 10 Mbit/s
-    # (bench/slow_network.py, only it and `local` running) took 89-95 ms a
-    # step against 33-36 without, rank 0's backward slowed by some 60 ms; not
-    # understood yet (docs/benchmarks.md, "PowerSGD against its floor").
-    # Saves the copy of each fresh gradient (about 1-2 ms a step there).
+    # Off until a slowdown seen on the slow-link bench is understood: one
+    # rank's backward 40-60 ms slower, first seen with this on, then also
+    # with it off (docs/benchmarks.md, "PowerSGD against its floor"). Saves
+    # the copy of each fresh gradient (about 1-2 ms a step there).
     adopts_fresh_gradients = False
 
     def __init__(self, process_group, rank: int, start_iter: int, min_compression_rate: float,
