@@ -222,6 +222,7 @@ def _check_same_run(results):
     measuring steps' batches with its own; see auto_workers.scenario_auto),
     ByteGrad's included."""
     first = results[0]
+    chosen = first["decisions"][-1] and first["decisions"][-1]["choice"]  # for the messages
     for rank, result in enumerate(results):
         choices = [d and d["choice"] for d in result["decisions"]]
         assert choices == [d and d["choice"] for d in first["decisions"]], f"rank {rank}"
@@ -230,7 +231,7 @@ def _check_same_run(results):
             for a, b, c in zip(ours, direct, rank0):
                 assert torch.equal(a, c), f"rank {rank} differs from rank 0 at step {step + 1}"
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
-                                           msg=lambda m: f"rank {rank}, step {step + 1}: {m}")
+                                           msg=lambda m: f"rank {rank}, step {step + 1}, choice {chosen}: {m}")
     return first["decisions"][-1]
 
 
