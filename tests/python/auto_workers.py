@@ -36,13 +36,41 @@ def _train(model, opt, rank, steps, record=None, data=None):
     return params
 
 
-def scenario_auto(out_dir, override="", steps="6"):
+def _held_gradients(data):
+    """What auto holds after its measuring steps on ``data``: each step's
+    gradients at the initial weights (the measuring steps leave them put),
+    summed in step order as _HeldGradients sums them."""
+    model, _ = fresh_model_and_optimizer("sgd")
+    held = None
+    for x, y in data:
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        held = grads if held is None else [h + g for h, g in zip(held, grads)]
+    return held
+
+
+def _train_first_step_folded(model, opt, rank, data, held):
+    """Trains on ``data``; on its first step each parameter's gradient
+    becomes (its own + held) / (measuring steps + 1) before the wrapper
+    sees it, the same sum in the same order as auto's fold, so a quantizing
+    choice (ByteGrad) sees the very bits auto's first step communicates."""
+    hooks = [p.register_hook(lambda g, h=h: (g + h) / (DECIDE_AFTER + 1))
+             for p, h in zip(model.parameters(), held)]
+    first = _train(model, opt, rank, 0, data=data[:1])
+    for hook in hooks:
+        hook.remove()
+    return first + _train(model, opt, rank, 0, data=data[1:])
+
+
+def scenario_auto(out_dir, override="", steps="6", candidates=""):
     """Trains with algorithm="auto" (BAGUA_ALGORITHM=override when given),
     then the same from the same start with the algorithm auto chose, given
     directly from its first step. A measured choice is compared with its run
-    from the step after the measuring ones, whose first batch is the
-    measuring steps' batches and its own together (their mean gradient),
-    the weights before it the initial ones."""
+    from the step after the measuring ones, whose first gradient is the
+    mean of the measuring steps' gradients (at the initial weights) and its
+    own, summed as auto sums them, the weights before it the initial ones.
+    ``candidates``: comma-separated, auto's default ones when empty."""
     if override:
         os.environ["BAGUA_ALGORITHM"] = override
     bagua.init_process_group()
@@ -50,8 +78,9 @@ def scenario_auto(out_dir, override="", steps="6"):
     model, opt = fresh_model_and_optimizer("sgd")
     # the first choice runs to the end (its check would come after step 50)
     initial = [p.detach().clone() for p in model.parameters()]
+    chosen_from = dict(candidates=candidates.split(",")) if candidates else {}
     model = model.with_bagua([opt], AutoAlgorithm(decide_after=DECIDE_AFTER, powersgd_start_iter=2,
-                                                  verify_steps=50))
+                                                  verify_steps=50, **chosen_from))
     decisions = []
     auto_params = _train(model, opt, rank, int(steps), decisions)
     impl = model.bagua_ddp.bagua_algorithm_impl
@@ -64,10 +93,10 @@ def scenario_auto(out_dir, override="", steps="6"):
         direct_model = direct_model.with_bagua([direct_opt], DIRECT[choice](2))
         direct_params = _train(direct_model, direct_opt, rank, int(steps))
     else:  # auto's PowerSGD compressed from its first step (start_iter 2, 2 measuring steps)
+        held = _held_gradients(data[:DECIDE_AFTER])
         direct_model = direct_model.with_bagua([direct_opt], DIRECT[choice](0))
-        joined = [tuple(torch.cat(parts) for parts in zip(*data[:DECIDE_AFTER + 1]))]
         direct_params = [initial] * DECIDE_AFTER + \
-            _train(direct_model, direct_opt, rank, 0, data=joined + data[DECIDE_AFTER + 1:])
+            _train_first_step_folded(direct_model, direct_opt, rank, data[DECIDE_AFTER:], held)
     torch.save({"decisions": decisions, "current": type(impl.current).__name__, "state_choice": state["choice"],
                 "auto": auto_params, "direct": direct_params}, os.path.join(out_dir, f"rank{rank}.pt"))
 

@@ -218,9 +218,12 @@ def test_bad_arguments_are_clear_errors(bad):
 def _check_same_run(results):
     """Every rank made the same choice at the same step; replicas agree; the
     run equals the chosen algorithm's (a measured choice: the weights stay
-    put while measuring, then the choice's run whose first step takes the
-    measuring steps' batches with its own; see auto_workers.scenario_auto),
-    ByteGrad's included."""
+    put while measuring, then the choice's run whose first gradient is the
+    mean of the measuring steps' gradients and its own, summed as auto sums
+    them; see auto_workers.scenario_auto), ByteGrad's included: its 8-bit
+    quantization sees the same bits, so one level's flip (run 13 saw 4e-6
+    from the one big batch's mean that stood in before) cannot pass or fail
+    by chance."""
     first = results[0]
     chosen = first["decisions"][-1] and first["decisions"][-1]["choice"]  # for the messages
     for rank, result in enumerate(results):
@@ -248,6 +251,16 @@ def test_auto_measures_and_every_rank_runs_the_same_choice(tmp_path, world_size)
     assert m["world_size"] == world_size and m["compute_s"] > 0 and m["allreduce"]["latency_s"] >= 0
     assert 0 <= m["overlap"] <= 1
     assert all(r["decisions"][-1] == decision for r in results)  # measurements agreed exactly
+
+
+@pytest.mark.parametrize("only", ["bytegrad", "powersgd_8bit"])
+def test_a_measured_quantizing_choice_runs_as_that_algorithm_would(tmp_path, only):
+    """The one candidate is chosen after measuring; its 8-bit run from the
+    held gradients equals the algorithm given directly (world 3: an odd
+    ring)."""
+    results = run_workers("auto", 3, tmp_path, script=WORKERS, args=("", "6", only))
+    assert [d and d["choice"] for d in results[0]["decisions"]] == [None] + [only] * 5
+    _check_same_run(results)
 
 
 def test_a_choice_off_its_prediction_is_measured_again_on_every_rank(tmp_path):
