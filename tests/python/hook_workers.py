@@ -41,13 +41,15 @@ def scenario_equal(out_dir):
     """One bucket each. DDP's first backward lays its bucket out in module
     order and later ones in ready order; the hook's op takes the gradients
     in bagua's order either way (reverse module order), so from the first
-    step on it computes what with_bagua computes."""
+    step on it computes what with_bagua computes: through a copy on the
+    first step, on DDP's buffer itself after the rebuild."""
     bagua.init_process_group()
     rank = bagua.get_rank()
     hooked = mlp()
     opt = torch.optim.SGD(hooked.parameters(), lr=0.1, momentum=0.9)
     ddp = torch.nn.parallel.DistributedDataParallel(hooked, bucket_cap_mb=100)
-    ddp.register_comm_hook(ddp_hooks.ByteGradState(hooked), ddp_hooks.bytegrad_hook)
+    state = ddp_hooks.ByteGradState(hooked)
+    ddp.register_comm_hook(state, ddp_hooks.bytegrad_hook)
     train(ddp, opt, rank)
     ours = mlp()
     opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
@@ -55,7 +57,7 @@ def scenario_equal(out_dir):
     train(ours, opt, rank)
     torch.save({"hook": [p.detach().clone() for p in hooked.parameters()],
                 "bagua": [p.detach().clone() for p in ours.parameters()],
-                "buckets": len(ours.bagua_ddp.bagua_buckets)},
+                "buckets": len(ours.bagua_ddp.bagua_buckets), "bucket_runs": state.bucket_runs},
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
