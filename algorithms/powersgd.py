@@ -85,11 +85,13 @@ def orthogonalize(p: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
 
 
 class PowerSGDAlgorithmImpl(AlgorithmImpl):
-    # Off until a slowdown seen on the slow-link bench is understood: one
-    # rank's backward 40-60 ms slower, first seen with this on, then also
-    # with it off (docs/benchmarks.md, "PowerSGD against its floor"). Saves
-    # the copy of each fresh gradient (about 1-2 ms a step there).
-    adopts_fresh_gradients = False
+    # Host buckets take a fresh gradient (zero_grad(set_to_none=True),
+    # torch 2's default) as their memory instead of copying it in. On the
+    # slow-link bench's issue MLP it took 4.7-8.4 ms off the step, A/B in
+    # alternate launches (docs/benchmarks.md, "PowerSGD against its floor").
+    # A stall seen there (one rank's backward 40-60 ms slower) came with it
+    # on and with it off alike.
+    adopts_fresh_gradients = True
 
     def __init__(self, process_group, rank: int, start_iter: int, min_compression_rate: float,
                  error_feedback: bool, warm_start: bool, orthogonalization_epsilon: float, seed: int,

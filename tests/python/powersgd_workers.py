@@ -140,7 +140,7 @@ def scenario_fresh_gradients(out_dir, low_precision="0"):
     rank = bagua.get_rank()
     from bagua.torch_api.algorithms.powersgd import PowerSGDAlgorithmImpl
 
-    PowerSGDAlgorithmImpl.adopts_fresh_gradients = True  # off by default (see there)
+    assert PowerSGDAlgorithmImpl.adopts_fresh_gradients  # on by default (see there)
     runs = {}
     adopted, held = [], []  # held: every step's gradients stay alive, so none's id is reused
     for set_to_none in (True, False):
