@@ -51,12 +51,18 @@ def scenario_equal(out_dir):
     state = ddp_hooks.ByteGradState(hooked)
     ddp.register_comm_hook(state, ddp_hooks.bytegrad_hook)
     train(ddp, opt, rank)
+    viewed = mlp()  # the gradients are views of DDP's bucket, which the op rewrites in place
+    opt = torch.optim.SGD(viewed.parameters(), lr=0.1, momentum=0.9)
+    ddp = torch.nn.parallel.DistributedDataParallel(viewed, bucket_cap_mb=100, gradient_as_bucket_view=True)
+    ddp.register_comm_hook(ddp_hooks.ByteGradState(viewed), ddp_hooks.bytegrad_hook)
+    train(ddp, opt, rank)
     ours = mlp()
     opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
     ours.with_bagua([opt], bytegrad.ByteGradAlgorithm(hierarchical=False))
     train(ours, opt, rank)
     torch.save({"hook": [p.detach().clone() for p in hooked.parameters()],
                 "bagua": [p.detach().clone() for p in ours.parameters()],
+                "viewed": [p.detach().clone() for p in viewed.parameters()],
                 "buckets": len(ours.bagua_ddp.bagua_buckets), "bucket_runs": state.bucket_runs},
                os.path.join(out_dir, f"rank{rank}.pt"))
 

@@ -23,6 +23,8 @@ def test_bytegrad_hook_equals_with_bagua(world_size, tmp_path):
             assert result["bucket_runs"] == {"copied": 1, "in_place": 4}, result["bucket_runs"]
         for i, (a, b) in enumerate(zip(result["hook"], result["bagua"])):
             assert torch.equal(a, b), f"rank {rank} tensor {i}: the hook's ByteGrad is not with_bagua's"
+        for i, (a, b) in enumerate(zip(result["viewed"], result["hook"])):
+            assert torch.equal(a, b), f"rank {rank} tensor {i}: gradient_as_bucket_view=True changed the bits"
         for a, b in zip(result["hook"], results[0]["hook"]):
             assert torch.equal(a, b), f"rank {rank}: replicas differ"
 
