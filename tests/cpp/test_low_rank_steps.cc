@@ -85,7 +85,9 @@ void run_deferred_against_materialized(DType dtype, LowRankShape s) {
 TEST_CASE("deferred error feedback gives the bits of the materialized error") {
   for (const DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
     for (const LowRankShape s :
-         {LowRankShape{37, 23, 1}, LowRankShape{5, 300, 3}, LowRankShape{64, 9, 2}}) {
+         {LowRankShape{37, 23, 1}, LowRankShape{5, 300, 3}, LowRankShape{64, 9, 2},
+          LowRankShape{19, 41, 4},
+          LowRankShape{11, 70, 5}}) {  // 1-4 compiled, 5 through the row buffer
       CAPTURE(to_string(dtype));
       CAPTURE(s.rows);
       CAPTURE(s.rank);

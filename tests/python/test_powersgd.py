@@ -156,6 +156,7 @@ def reference_training(world_size, names, rank_r, start_iter, error_feedback, wa
     (2, 2, 2, True, True, True, False),
     (3, 1, 0, True, True, False, True),
     (5, 2, 1, False, False, True, False),
+    (2, 4, 1, True, True, False, False),  # rank 4: the row loops compiled for it (low_rank_steps.h)
 ])
 def test_training_matches_the_reference(tmp_path, world_size, rank_r, start_iter, error_feedback, warm_start,
                                         flatten, one_bucket):

@@ -99,10 +99,26 @@ void approximate_row(LowRankShape s, const T* factors, const C* __restrict qt,
   }
 }
 
+// Calls fn(std::integral_constant<int, r>{}) for the ranks the row loops
+// are compiled for (1 to 4: the per-element sum over the rank then stays in
+// registers, one pass over the row); false for other ranks, which go
+// through a row buffer. At rank 4 on the issue 43 MLP the three passes took
+// 25 ms a step that way, against 14 at rank 2 (docs/benchmarks.md).
+template <typename Fn>
+bool with_compiled_rank(std::int64_t rank, Fn&& fn) {
+  switch (rank) {
+    case 1: fn(std::integral_constant<int, 1>{}); return true;
+    case 2: fn(std::integral_constant<int, 2>{}); return true;
+    case 3: fn(std::integral_constant<int, 3>{}); return true;
+    case 4: fn(std::integral_constant<int, 4>{}); return true;
+    default: return false;
+  }
+}
+
 // row = g + store(row - approximation), the approximation of P's row
 // `factors` formed as approximate_row does (the same sums in the same
-// order). Ranks 1 and 2, the common ones, in one pass with the rank known
-// to the compiler; others through the `approx` buffer.
+// order). Ranks 1 to 4 in one pass with the rank known to the compiler;
+// others through the `approx` buffer.
 template <int kRank, typename T, typename C>
 void add_deferred_error_row_of_rank(std::int64_t cols, const T* __restrict g, const T* factors,
                                     const C* __restrict qt, T* __restrict row) {
@@ -119,8 +135,10 @@ void add_deferred_error_row_of_rank(std::int64_t cols, const T* __restrict g, co
 template <typename T, typename C>
 void add_deferred_error_row(LowRankShape s, const T* g, const T* factors, const C* qt, C* approx,
                             T* row) {
-  if (s.rank == 1) return add_deferred_error_row_of_rank<1>(s.cols, g, factors, qt, row);
-  if (s.rank == 2) return add_deferred_error_row_of_rank<2>(s.cols, g, factors, qt, row);
+  if (with_compiled_rank(s.rank, [&](auto r) {
+        add_deferred_error_row_of_rank<decltype(r)::value>(s.cols, g, factors, qt, row);
+      }))
+    return;
   approximate_row(s, factors, qt, approx);
   for (std::int64_t j = 0; j < s.cols; ++j) {
     const T error = store<T>(load(row[j]) - approx[j]);
@@ -129,7 +147,7 @@ void add_deferred_error_row(LowRankShape s, const T* g, const T* factors, const 
 }
 
 // row = store(approximation) of P's row `factors`, as approximate_row forms
-// it; ranks 1 and 2 in one pass, as add_deferred_error_row.
+// it; ranks 1 to 4 in one pass, as add_deferred_error_row.
 template <int kRank, typename T, typename C>
 void write_approximation_row_of_rank(std::int64_t cols, const T* factors, const C* __restrict qt,
                                      T* __restrict row) {
@@ -144,8 +162,10 @@ void write_approximation_row_of_rank(std::int64_t cols, const T* factors, const 
 
 template <typename T, typename C>
 void write_approximation_row(LowRankShape s, const T* factors, const C* qt, C* approx, T* row) {
-  if (s.rank == 1) return write_approximation_row_of_rank<1>(s.cols, factors, qt, row);
-  if (s.rank == 2) return write_approximation_row_of_rank<2>(s.cols, factors, qt, row);
+  if (with_compiled_rank(s.rank, [&](auto r) {
+        write_approximation_row_of_rank<decltype(r)::value>(s.cols, factors, qt, row);
+      }))
+    return;
   approximate_row(s, factors, qt, approx);
   for (std::int64_t j = 0; j < s.cols; ++j) row[j] = store<T>(approx[j]);
 }
@@ -164,7 +184,7 @@ void dots(LowRankShape s, const T* row, const C* qt, T* out) {
 }
 
 // sums[k * cols + j] += P[i, k] * row[j] for every k (`factors`: P's row i),
-// one pass over the row for ranks 1 and 2; each sum takes the same terms in
+// one pass over the row for ranks 1 to 4; each sum takes the same terms in
 // the same order either way.
 template <int kRank, typename T, typename C>
 void accumulate_row_of_rank(const T* __restrict row, const T* factors, std::int64_t cols,
@@ -179,8 +199,10 @@ void accumulate_row_of_rank(const T* __restrict row, const T* factors, std::int6
 
 template <typename T, typename C>
 void accumulate_row(LowRankShape s, const T* row, const T* factors, C* sums) {
-  if (s.rank == 1) return accumulate_row_of_rank<1>(row, factors, s.cols, sums);
-  if (s.rank == 2) return accumulate_row_of_rank<2>(row, factors, s.cols, sums);
+  if (with_compiled_rank(s.rank, [&](auto r) {
+        accumulate_row_of_rank<decltype(r)::value>(row, factors, s.cols, sums);
+      }))
+    return;
   for (std::int64_t k = 0; k < s.rank; ++k) {
     const C weight = load(factors[k]);
     C* column = sums + k * s.cols;
