@@ -35,8 +35,8 @@ double best_seconds(Fn&& fn, int repeats) {
 }
 
 bagua::TensorView view_of(std::vector<float>& v) {
-  return bagua::TensorView(v.data(), static_cast<std::int64_t>(v.size()), bagua::DType::kFloat32,
-                           bagua::Device{});
+  return bagua::TensorView{v.data(), static_cast<std::int64_t>(v.size()), bagua::DType::kFloat32,
+                           bagua::Device{}};
 }
 
 // One gradient's buffers: G, the state M, the factors and last step's.
