@@ -7,7 +7,6 @@
 // GB/s of fp32 data handled, and the bytes read plus written per second; the
 // ratio is against memcpy of the fp32 buffer (which reads and writes it once).
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -19,20 +18,11 @@
 #include <nlohmann/json.hpp>
 
 #include "bagua/compression/minmax_uint8.h"
+#include "best_time.h"
 
 namespace {
 
-template <typename Fn>
-double best_seconds(Fn&& fn, int repeats) {
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    best = std::min(best, took.count());
-  }
-  return best;
-}
+using bagua_bench::best_seconds;
 
 }  // namespace
 

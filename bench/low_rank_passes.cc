@@ -6,7 +6,6 @@
 //
 //   build/bench_low_rank_passes [--json path]
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -17,22 +16,13 @@
 #include <nlohmann/json.hpp>
 
 #include "bagua/ops/low_rank_steps.h"
+#include "best_time.h"
 
 namespace {
 
 using bagua::LowRankShape;
 
-template <typename Fn>
-double best_seconds(Fn&& fn, int repeats) {
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    best = std::min(best, took.count());
-  }
-  return best;
-}
+using bagua_bench::best_seconds;
 
 bagua::TensorView view_of(std::vector<float>& v) {
   return bagua::TensorView{v.data(), static_cast<std::int64_t>(v.size()), bagua::DType::kFloat32,
