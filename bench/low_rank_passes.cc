@@ -2,19 +2,25 @@
 // for the gradients of issue 43's MLP (512-1536-1536-1024-10: 1536 x 512,
 // 1536 x 1536, 1024 x 1536, 10 x 1024), at ranks 1, 2 and 4: the deferred
 // project (M = G + e, P = M Q), the project back (Q = M^T P) and the
-// reconstruction (G = P Q^T), best of 20, in ms per step and in GB/s of M.
+// reconstruction (G = P Q^T), best of 20, in ms per step and in GB/s of M;
+// the baseline (SSE2) build of the loops and the AVX2 one (core/host_vectors.h)
+// by turns.
 //
 //   build/bench_low_rank_passes [--json path]
 #include <algorithm>
+#include <array>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bagua/core/host_vectors.h"
 #include "bagua/ops/low_rank_steps.h"
 #include "best_time.h"
 
@@ -47,9 +53,34 @@ struct Matrix {
   }
 };
 
+using Passes = std::array<std::function<void(Matrix&)>, 3>;
+
+// Each pass over all matrices, best of 20 runs, in ms: the baseline build and
+// (with `avx2`) the AVX2 one, run by turns so both see the same machine.
+std::vector<std::pair<std::string, std::array<double, 3>>> time_builds(
+    const Passes& passes, std::vector<Matrix>& matrices, bool avx2) {
+  std::vector<std::pair<std::string, std::array<double, 3>>> timings = {{"baseline", {}}};
+  if (avx2) timings.push_back({"avx2", {}});
+  for (auto& [build, ms] : timings) ms.fill(1e30);
+  for (int round = 0; round < 20; ++round) {
+    for (std::size_t b = 0; b < timings.size(); ++b) {
+      bagua::set_host_avx2(b == 1);
+      for (std::size_t pass = 0; pass < passes.size(); ++pass) {
+        const double seconds = best_seconds(
+            [&] {
+              for (Matrix& m : matrices) passes[pass](m);
+            },
+            1);
+        timings[b].second[pass] = std::min(timings[b].second[pass], seconds * 1e3);
+      }
+    }
+  }
+  return timings;
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   std::string json_path = "bench/results/low_rank_passes.json";
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--json") json_path = argv[i + 1];
@@ -57,8 +88,10 @@ int main(int argc, char** argv) {
       {1536, 512}, {1536, 1536}, {1024, 1536}, {10, 1024}};
   auto compute = bagua::compute_for(bagua::Device{});
   nlohmann::json report = nlohmann::json::array();
-  fmt::print("{:>5} {:>14} {:>14} {:>14}   (ms per step; GB/s of M)\n", "rank", "project",
-             "project back", "reconstruct");
+  const bool avx2 = bagua::host_avx2_enabled();
+  fmt::print("host loops: the baseline build{}\n", avx2 ? " and AVX2, alternated" : " (no AVX2)");
+  fmt::print("{:>5} {:>8} {:>14} {:>14} {:>14}   (ms per step; GB/s of M)\n", "rank", "build",
+             "project", "project back", "reconstruct");
   for (const std::int64_t rank : {1, 2, 4}) {
     std::mt19937 rng(5);
     std::vector<Matrix> matrices;
@@ -67,32 +100,35 @@ int main(int argc, char** argv) {
       matrices.emplace_back(rows, cols, rank, rng);
       bytes += 4.0 * static_cast<double>(rows * cols);
     }
-    const auto each = [&](auto&& pass) {
-      return best_seconds(
-          [&] {
-            for (Matrix& m : matrices) pass(m);
-          },
-          20);
-    };
-    const double project = each([&](Matrix& m) {
-      bagua::low_rank_project_deferred(m.s, view_of(m.grad), view_of(m.state), view_of(m.p_prev),
-                                       view_of(m.q_prev), view_of(m.q), view_of(m.p));
-    });
-    const double back = each([&](Matrix& m) {
-      bagua::low_rank_project_back(*compute, m.s, view_of(m.state), view_of(m.p), view_of(m.q));
-    });
-    const double reconstruct = each([&](Matrix& m) {
-      bagua::low_rank_write_approximation(m.s, view_of(m.grad), view_of(m.p), view_of(m.q));
-    });
-    fmt::print("{:>5} {:>7.2f} {:>5.1f}  {:>7.2f} {:>5.1f}  {:>7.2f} {:>5.1f}\n", rank,
-               project * 1e3, bytes / project / 1e9, back * 1e3, bytes / back / 1e9,
-               reconstruct * 1e3, bytes / reconstruct / 1e9);
-    report.push_back({{"rank", rank},
-                      {"m_bytes", bytes},
-                      {"project_ms", project * 1e3},
-                      {"project_back_ms", back * 1e3},
-                      {"reconstruct_ms", reconstruct * 1e3}});
+    const Passes passes = {
+        [](Matrix& m) {
+          bagua::low_rank_project_deferred(m.s, view_of(m.grad), view_of(m.state),
+                                           view_of(m.p_prev), view_of(m.q_prev), view_of(m.q),
+                                           view_of(m.p));
+        },
+        [&](Matrix& m) {
+          bagua::low_rank_project_back(*compute, m.s, view_of(m.state), view_of(m.p), view_of(m.q));
+        },
+        [](Matrix& m) {
+          bagua::low_rank_write_approximation(m.s, view_of(m.grad), view_of(m.p), view_of(m.q));
+        }};
+    const auto timings = time_builds(passes, matrices, avx2);
+    for (const auto& [build, ms] : timings) {
+      fmt::print("{:>5} {:>8} {:>7.2f} {:>5.1f}  {:>7.2f} {:>5.1f}  {:>7.2f} {:>5.1f}\n", rank,
+                 build, ms[0], bytes / ms[0] / 1e6, ms[1], bytes / ms[1] / 1e6, ms[2],
+                 bytes / ms[2] / 1e6);
+      report.push_back({{"rank", rank},
+                        {"build", build},
+                        {"m_bytes", bytes},
+                        {"project_ms", ms[0]},
+                        {"project_back_ms", ms[1]},
+                        {"reconstruct_ms", ms[2]}});
+    }
   }
+  bagua::set_host_avx2(true);
   std::ofstream(json_path) << report.dump(2) << "\n";
   fmt::print("wrote {}\n", json_path);
+} catch (const std::exception& e) {
+  fmt::print(stderr, "bench_low_rank_passes: {}\n", e.what());
+  return 1;
 }

@@ -1,12 +1,14 @@
 // PowerSGD's deferred error feedback (bagua/ops/low_rank_steps.h) against
 // the materialized one: over several steps both give the same bits, in the
-// averaged gradient, in P and Q, and in the error a checkpoint saves.
+// averaged gradient, in P and Q, and in the error a checkpoint saves; and
+// the AVX2 build of the host passes against the baseline build, bit for bit.
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "bagua/core/host_vectors.h"
 #include "bagua/ops/low_rank_steps.h"
 #include "typed_buffer.h"
 
@@ -35,6 +37,28 @@ void fill_gradient(TypedBuffer& grad, std::mt19937& rng) {
   for (std::int64_t i = 0; i < grad.numel(); ++i) grad.set(i, normal(rng));
 }
 
+// One PowerSGD step of each error scheme on the host, without the exchange.
+// materialized: M += error, P = M Q, ..., error = M - P Q^T, M = P Q^T.
+// deferred: M kept apart (in deferred.error), the gradient `grad` only
+// written at the end, the factors kept in p_prev and q_prev.
+void one_step_of_both_schemes(Compute& c, LowRankShape s, Buffers& materialized, Buffers& deferred,
+                              TypedBuffer& grad, TypedBuffer& p_prev, TypedBuffer& q_prev) {
+  low_rank_project(c, s, materialized.m.view(), materialized.error.view(), materialized.q.view(),
+                   materialized.p.view());
+  orthogonalize_columns(c, s, materialized.p.view(), 0.0);
+  low_rank_project_back(c, s, materialized.m.view(), materialized.p.view(), materialized.q.view());
+  low_rank_reconstruct(c, s, materialized.m.view(), materialized.error.view(),
+                       materialized.p.view(), materialized.q.view());
+  low_rank_project_deferred(s, grad.view(), deferred.error.view(), p_prev.view(), q_prev.view(),
+                            deferred.q.view(), deferred.p.view());
+  orthogonalize_columns(c, s, deferred.p.view(), 0.0);
+  low_rank_project_back(c, s, deferred.error.view(), deferred.p.view(), deferred.q.view());
+  low_rank_write_approximation(s, grad.view(), deferred.p.view(), deferred.q.view());
+  std::memcpy(p_prev.view().data, deferred.p.view().data, p_prev.view().nbytes());
+  std::memcpy(q_prev.view().data, deferred.q.view().data, q_prev.view().nbytes());
+  c.finish("test", std::chrono::milliseconds(10000));
+}
+
 void run_deferred_against_materialized(DType dtype, LowRankShape s) {
   auto compute = compute_for(Device{});
   Compute& c = *compute;
@@ -53,23 +77,7 @@ void run_deferred_against_materialized(DType dtype, LowRankShape s) {
     CAPTURE(step);
     fill_gradient(materialized.m, rng);
     std::memcpy(grad.view().data, materialized.m.view().data, grad.view().nbytes());
-    // materialized: M += error, P = M Q, ..., error = M - P Q^T, M = P Q^T
-    low_rank_project(c, s, materialized.m.view(), materialized.error.view(), materialized.q.view(),
-                     materialized.p.view());
-    orthogonalize_columns(c, s, materialized.p.view(), 0.0);
-    low_rank_project_back(c, s, materialized.m.view(), materialized.p.view(),
-                          materialized.q.view());
-    low_rank_reconstruct(c, s, materialized.m.view(), materialized.error.view(),
-                         materialized.p.view(), materialized.q.view());
-    // deferred: M kept apart, the gradient only written at the end
-    low_rank_project_deferred(s, grad.view(), deferred.error.view(), p_prev.view(), q_prev.view(),
-                              deferred.q.view(), deferred.p.view());
-    orthogonalize_columns(c, s, deferred.p.view(), 0.0);
-    low_rank_project_back(c, s, deferred.error.view(), deferred.p.view(), deferred.q.view());
-    low_rank_write_approximation(s, grad.view(), deferred.p.view(), deferred.q.view());
-    std::memcpy(p_prev.view().data, deferred.p.view().data, p_prev.view().nbytes());
-    std::memcpy(q_prev.view().data, deferred.q.view().data, q_prev.view().nbytes());
-    c.finish("test", std::chrono::milliseconds(10000));
+    one_step_of_both_schemes(c, s, materialized, deferred, grad, p_prev, q_prev);
 
     CHECK(same_bits(materialized.p, deferred.p));
     CHECK(same_bits(materialized.q, deferred.q));
@@ -159,6 +167,61 @@ TEST_CASE("Q = M^T P, rows taken in blocks, gives the bits of the row-by-row sum
         }
         CHECK(same_bits(b.q, expected));
       }
+    }
+  }
+}
+
+namespace {
+
+// Every host pass of both error schemes, three steps, on one shape: the bytes
+// of all outputs (factors, averages, errors, state) one after another.
+std::vector<unsigned char> outputs_of_all_passes(DType dtype, LowRankShape s) {
+  auto compute = compute_for(Device{});
+  Compute& c = *compute;
+  Buffers materialized(dtype, s);
+  Buffers deferred(dtype, s);
+  TypedBuffer p_prev(dtype, s.rows * s.rank), q_prev(dtype, s.cols * s.rank);
+  TypedBuffer grad(dtype, s.rows * s.cols);
+  std::mt19937 rng(11);
+  fill_gradient(materialized.q, rng);
+  fill_gradient(deferred.q, rng);
+  std::vector<unsigned char> bytes;
+  const auto keep = [&](TypedBuffer& b) {
+    const TensorView v = b.view();
+    const auto* first = static_cast<const unsigned char*>(v.data);
+    bytes.insert(bytes.end(), first, first + v.nbytes());
+  };
+  for (int step = 0; step < 3; ++step) {
+    fill_gradient(materialized.m, rng);
+    fill_gradient(grad, rng);
+    one_step_of_both_schemes(c, s, materialized, deferred, grad, p_prev, q_prev);
+    for (TypedBuffer* b : {&materialized.m, &materialized.error, &materialized.p, &materialized.q,
+                           &grad, &deferred.error, &deferred.p, &deferred.q})
+      keep(*b);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("the AVX2 build of the host passes gives the bits of the baseline build") {
+  if (!host_avx2_enabled()) {
+    MESSAGE("this CPU has no AVX2: only the baseline build runs");
+    return;
+  }
+  for (const DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    for (const LowRankShape s :
+         {LowRankShape{37, 23, 1}, LowRankShape{5, 300, 3}, LowRankShape{64, 9, 2},
+          LowRankShape{19, 41, 4}, LowRankShape{11, 70, 5}, LowRankShape{13, 1031, 2}}) {
+      CAPTURE(to_string(dtype));
+      CAPTURE(s.rows);
+      CAPTURE(s.cols);
+      CAPTURE(s.rank);
+      set_host_avx2(false);
+      const auto baseline = outputs_of_all_passes(dtype, s);
+      set_host_avx2(true);
+      const auto avx2 = outputs_of_all_passes(dtype, s);
+      CHECK(baseline == avx2);
     }
   }
 }

@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "bagua/core/elementwise.h"
 #include "bagua/core/errors.h"
+#include "bagua/core/host_vectors.h"
 #include "bagua/core/tensor_view.h"
 #include "bagua/runtime/compute.h"
 
@@ -146,6 +148,63 @@ void add_deferred_error_row(LowRankShape s, const T* g, const T* factors, const 
   }
 }
 
+// add_deferred_error_row_of_rank, then dots into `out`, in one pass, for
+// float and double rows (T == C): each block of 8 new elements of the row
+// goes into the kRank sums while it is still in registers, and the kRank
+// sums run side by side instead of one after the other (one sum's 8 lanes
+// fill one AVX2 register, whose adds would wait on each other). The blocks
+// are GCC vectors of kVectorBytes (the width with_widest_host_vectors runs
+// at), as the compiler did not vectorize a lanes[kRank][8] array. Every lane
+// takes dot's and add_deferred_error_row_of_rank's operations in their
+// order (8 lanes per k over the whole blocks, the tail in order from 0, then
+// the lanes in order), so the bits are those of the two passes.
+template <int kRank, int kVectorBytes, typename C>
+void project_deferred_row_of_rank(std::int64_t cols, const C* __restrict g, const C* factors,
+                                  const C* __restrict qt_prev, const C* __restrict qt,
+                                  C* __restrict row, C* out) {
+  constexpr int kLanes = 8;
+  constexpr int kPerVector = kVectorBytes / static_cast<int>(sizeof(C));
+  constexpr int kParts = kLanes / kPerVector;  // vectors per block of 8
+  static_assert(kPerVector >= 1 && kLanes % kPerVector == 0);
+  typedef C Vector __attribute__((vector_size(kVectorBytes)));
+  const auto load_vector = [](Vector& v, const C* x) { std::memcpy(&v, x, sizeof v); };
+  C weight[kRank];
+  for (int k = 0; k < kRank; ++k) weight[k] = factors[k];
+  Vector lanes[kRank][kParts] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= cols; j += kLanes) {
+    for (int part = 0; part < kParts; ++part) {
+      const std::int64_t at = j + std::int64_t{part} * kPerVector;
+      Vector a = {};
+      Vector q;
+      for (int k = 0; k < kRank; ++k) {
+        load_vector(q, qt_prev + k * cols + at);
+        a += weight[k] * q;
+      }
+      Vector x, gradient;
+      load_vector(x, row + at);
+      load_vector(gradient, g + at);
+      x = gradient + (x - a);
+      std::memcpy(row + at, &x, sizeof x);
+      for (int k = 0; k < kRank; ++k) {
+        load_vector(q, qt + k * cols + at);
+        lanes[k][part] += x * q;
+      }
+    }
+  }
+  C total[kRank] = {};
+  for (; j < cols; ++j) {
+    C a = 0;
+    for (int k = 0; k < kRank; ++k) a += weight[k] * qt_prev[k * cols + j];
+    row[j] = g[j] + (row[j] - a);
+    for (int k = 0; k < kRank; ++k) total[k] += row[j] * qt[k * cols + j];
+  }
+  for (int k = 0; k < kRank; ++k) {
+    for (int l = 0; l < kLanes; ++l) total[k] += lanes[k][l / kPerVector][l % kPerVector];
+    out[k] = total[k];
+  }
+}
+
 // row = store(approximation) of P's row `factors`, as approximate_row forms
 // it; ranks 1 to 4 in one pass, as add_deferred_error_row.
 template <int kRank, typename T, typename C>
@@ -238,18 +297,20 @@ void accumulate_rows(LowRankShape s, const T* m, const T* factors, C* sums) {
 inline void low_rank_project(Compute& c, LowRankShape s, const TensorView& m,
                              const TensorView& error, const TensorView& q, const TensorView& p) {
   const auto on_host = [&] {
-    low_rank_detail::dispatch_floating(m.dtype, "low_rank_project", [&](auto tag) {
-      using T = decltype(tag);
-      const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
-      T* out = p.data_as<T>();
-      for (std::int64_t i = 0; i < s.rows; ++i) {
-        T* row = m.data_as<T>() + i * s.cols;
-        if (error.numel > 0) {
-          const T* e = error.data_as<T>() + i * s.cols;
-          for (std::int64_t j = 0; j < s.cols; ++j) row[j] = store<T>(load(row[j]) + load(e[j]));
+    with_widest_host_vectors([&](auto /*vector_bytes*/) {
+      low_rank_detail::dispatch_floating(m.dtype, "low_rank_project", [&](auto tag) {
+        using T = decltype(tag);
+        const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+        T* out = p.data_as<T>();
+        for (std::int64_t i = 0; i < s.rows; ++i) {
+          T* row = m.data_as<T>() + i * s.cols;
+          if (error.numel > 0) {
+            const T* e = error.data_as<T>() + i * s.cols;
+            for (std::int64_t j = 0; j < s.cols; ++j) row[j] = store<T>(load(row[j]) + load(e[j]));
+          }
+          low_rank_detail::dots(s, row, qt.data(), out + i * s.rank);
         }
-        low_rank_detail::dots(s, row, qt.data(), out + i * s.rank);
-      }
+      });
     });
   };
   c.run_custom(on_host, [&](void* stream) { cuda_low_rank_project(s, m, error, q, p, stream); });
@@ -268,17 +329,19 @@ inline void low_rank_project_back(Compute& c, LowRankShape s, const TensorView& 
         [] {}, [&](void* stream) { cuda_low_rank_project_back(s, m, p, accumulator, q, stream); });
     return;
   }
-  low_rank_detail::dispatch_floating(m.dtype, "low_rank_project_back", [&](auto tag) {
-    using T = decltype(tag);
-    using C = compute_type_t<T>;
-    std::vector<C> sums(static_cast<std::size_t>(s.cols * s.rank), C{0});
-    const T* factors = p.data_as<T>();
-    low_rank_detail::accumulate_rows(s, m.data_as<T>(), factors, sums.data());
-    T* out = q.data_as<T>();
-    for (std::int64_t j = 0; j < s.cols; ++j) {
-      for (std::int64_t k = 0; k < s.rank; ++k)
-        out[j * s.rank + k] = store<T>(sums[k * s.cols + j]);
-    }
+  with_widest_host_vectors([&](auto /*vector_bytes*/) {
+    low_rank_detail::dispatch_floating(m.dtype, "low_rank_project_back", [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_type_t<T>;
+      std::vector<C> sums(static_cast<std::size_t>(s.cols * s.rank), C{0});
+      const T* factors = p.data_as<T>();
+      low_rank_detail::accumulate_rows(s, m.data_as<T>(), factors, sums.data());
+      T* out = q.data_as<T>();
+      for (std::int64_t j = 0; j < s.cols; ++j) {
+        for (std::int64_t k = 0; k < s.rank; ++k)
+          out[j * s.rank + k] = store<T>(sums[k * s.cols + j]);
+      }
+    });
   });
 }
 
@@ -287,21 +350,23 @@ inline void low_rank_reconstruct(Compute& c, LowRankShape s, const TensorView& m
                                  const TensorView& error, const TensorView& p,
                                  const TensorView& q) {
   const auto on_host = [&] {
-    low_rank_detail::dispatch_floating(m.dtype, "low_rank_reconstruct", [&](auto tag) {
-      using T = decltype(tag);
-      using C = compute_type_t<T>;
-      const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
-      std::vector<C> approx(static_cast<std::size_t>(s.cols));
-      const T* factors = p.data_as<T>();
-      for (std::int64_t i = 0; i < s.rows; ++i) {
-        low_rank_detail::approximate_row(s, factors + i * s.rank, qt.data(), approx.data());
-        T* row = m.data_as<T>() + i * s.cols;
-        if (error.numel > 0) {
-          T* e = error.data_as<T>() + i * s.cols;
-          for (std::int64_t j = 0; j < s.cols; ++j) e[j] = store<T>(load(row[j]) - approx[j]);
+    with_widest_host_vectors([&](auto /*vector_bytes*/) {
+      low_rank_detail::dispatch_floating(m.dtype, "low_rank_reconstruct", [&](auto tag) {
+        using T = decltype(tag);
+        using C = compute_type_t<T>;
+        const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+        std::vector<C> approx(static_cast<std::size_t>(s.cols));
+        const T* factors = p.data_as<T>();
+        for (std::int64_t i = 0; i < s.rows; ++i) {
+          low_rank_detail::approximate_row(s, factors + i * s.rank, qt.data(), approx.data());
+          T* row = m.data_as<T>() + i * s.cols;
+          if (error.numel > 0) {
+            T* e = error.data_as<T>() + i * s.cols;
+            for (std::int64_t j = 0; j < s.cols; ++j) e[j] = store<T>(load(row[j]) - approx[j]);
+          }
+          for (std::int64_t j = 0; j < s.cols; ++j) row[j] = store<T>(approx[j]);
         }
-        for (std::int64_t j = 0; j < s.cols; ++j) row[j] = store<T>(approx[j]);
-      }
+      });
     });
   };
   c.run_custom(on_host,
@@ -359,20 +424,30 @@ inline void low_rank_project_deferred(LowRankShape s, const TensorView& grad,
                                       const TensorView& q_prev, const TensorView& q,
                                       const TensorView& p) {
   low_rank_detail::require_host(grad, "low_rank_project_deferred");
-  low_rank_detail::dispatch_floating(grad.dtype, "low_rank_project_deferred", [&](auto tag) {
-    using T = decltype(tag);
-    using C = compute_type_t<T>;
-    const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
-    const auto qt_prev = low_rank_detail::transposed(q_prev.data_as<T>(), s.cols, s.rank);
-    std::vector<C> approx(static_cast<std::size_t>(s.cols));
-    T* out = p.data_as<T>();
-    for (std::int64_t i = 0; i < s.rows; ++i) {
-      const T* g = grad.data_as<T>() + i * s.cols;
-      T* row = base.data_as<T>() + i * s.cols;
-      low_rank_detail::add_deferred_error_row(s, g, p_prev.data_as<T>() + i * s.rank,
-                                              qt_prev.data(), approx.data(), row);
-      low_rank_detail::dots(s, row, qt.data(), out + i * s.rank);
-    }
+  with_widest_host_vectors([&](auto vector_bytes) {
+    low_rank_detail::dispatch_floating(grad.dtype, "low_rank_project_deferred", [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_type_t<T>;
+      const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+      const auto qt_prev = low_rank_detail::transposed(q_prev.data_as<T>(), s.cols, s.rank);
+      std::vector<C> approx(static_cast<std::size_t>(s.cols));
+      T* out = p.data_as<T>();
+      for (std::int64_t i = 0; i < s.rows; ++i) {
+        const T* g = grad.data_as<T>() + i * s.cols;
+        T* row = base.data_as<T>() + i * s.cols;
+        const T* factors = p_prev.data_as<T>() + i * s.rank;
+        if constexpr (std::is_same_v<T, C>) {
+          if (low_rank_detail::with_compiled_rank(s.rank, [&](auto r) {
+                low_rank_detail::project_deferred_row_of_rank<decltype(r)::value,
+                                                              decltype(vector_bytes)::value>(
+                    s.cols, g, factors, qt_prev.data(), qt.data(), row, out + i * s.rank);
+              }))
+            continue;
+        }
+        low_rank_detail::add_deferred_error_row(s, g, factors, qt_prev.data(), approx.data(), row);
+        low_rank_detail::dots(s, row, qt.data(), out + i * s.rank);
+      }
+    });
   });
 }
 
@@ -380,15 +455,17 @@ inline void low_rank_project_deferred(LowRankShape s, const TensorView& grad,
 inline void low_rank_write_approximation(LowRankShape s, const TensorView& grad,
                                          const TensorView& p, const TensorView& q) {
   low_rank_detail::require_host(grad, "low_rank_write_approximation");
-  low_rank_detail::dispatch_floating(grad.dtype, "low_rank_write_approximation", [&](auto tag) {
-    using T = decltype(tag);
-    using C = compute_type_t<T>;
-    const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
-    std::vector<C> approx(static_cast<std::size_t>(s.cols));
-    for (std::int64_t i = 0; i < s.rows; ++i) {
-      low_rank_detail::write_approximation_row(s, p.data_as<T>() + i * s.rank, qt.data(),
-                                               approx.data(), grad.data_as<T>() + i * s.cols);
-    }
+  with_widest_host_vectors([&](auto /*vector_bytes*/) {
+    low_rank_detail::dispatch_floating(grad.dtype, "low_rank_write_approximation", [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_type_t<T>;
+      const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+      std::vector<C> approx(static_cast<std::size_t>(s.cols));
+      for (std::int64_t i = 0; i < s.rows; ++i) {
+        low_rank_detail::write_approximation_row(s, p.data_as<T>() + i * s.rank, qt.data(),
+                                                 approx.data(), grad.data_as<T>() + i * s.cols);
+      }
+    });
   });
 }
 
