@@ -8,6 +8,8 @@
 // one pass over M at memory speed: a general GEMM library gains nothing here,
 // and PyTorch's CPU mm of a 2048 x 2048 matrix by a 2048 x 2 one took
 // 13-22 ms where this pass takes about 2 (docs/algorithms.md, PowerSGD).
+// The host passes run inside with_widest_host_vectors (core/host_vectors.h):
+// compiled for AVX2 where the CPU has it, with the same bits.
 #pragma once
 
 #include <algorithm>
@@ -234,9 +236,9 @@ inline void require_host(const TensorView& v, const char* what) {
                   v.describe());
 }
 
-// out[k] = dot(row, qt + k * cols, cols) for every k < rank. (One pass for
-// all k with a lane array per k was slower here: 7 ms against 4 for the
-// issue 43 MLP at rank 2, the compiler no longer vectorized it.)
+// out[k] = dot(row, qt + k * cols, cols) for every k < rank, one k after
+// the other. (A lane array per k was not vectorized by the compiler;
+// project_deferred_row_of_rank runs all k at once with GCC vectors.)
 template <typename T, typename C>
 void dots(LowRankShape s, const T* row, const C* qt, T* out) {
   for (std::int64_t k = 0; k < s.rank; ++k) out[k] = store<T>(dot(row, qt + k * s.cols, s.cols));
