@@ -17,8 +17,10 @@
 
 namespace bagua {
 
-// Whether with_widest_host_vectors uses AVX2: the CPU has it and it was not
-// turned off by set_host_avx2 (tests and benchmarks compare both).
+// Whether with_widest_host_vectors runs the AVX2 build: the CPU has it and
+// it was not turned off by set_host_avx2 (tests and benchmarks compare
+// both). False where the whole library is built for AVX2 (or not for x86):
+// there is one build then.
 bool host_avx2_enabled();
 
 // Turns the AVX2 loops off (false) or back on where the CPU has them (true).
@@ -43,7 +45,12 @@ void with_widest_host_vectors(Fn&& fn) {
     return;
   }
 #endif
+  // A build for AVX2 already (-mavx2, -march=native) runs 32-byte vectors.
+#if defined(__AVX2__)
+  fn(std::integral_constant<int, 32>{});
+#else
   fn(std::integral_constant<int, 16>{});
+#endif
 }
 
 }  // namespace bagua
