@@ -204,6 +204,23 @@ std::vector<unsigned char> outputs_of_all_passes(DType dtype, LowRankShape s) {
 
 }  // namespace
 
+TEST_CASE("with_widest_host_vectors runs the build that set_host_avx2 asks for") {
+  const auto width_run = [] {
+    int bytes = 0;
+    with_widest_host_vectors([&](auto vector_bytes) { bytes = decltype(vector_bytes)::value; });
+    return bytes;
+  };
+#if defined(__AVX2__)
+  CHECK(width_run() == 32);  // built for AVX2 as a whole: one build
+#else
+  set_host_avx2(false);
+  CHECK_FALSE(host_avx2_enabled());
+  CHECK(width_run() == 16);
+  set_host_avx2(true);
+  if (host_avx2_enabled()) CHECK(width_run() == 32);
+#endif
+}
+
 TEST_CASE("the AVX2 build of the host passes gives the bits of the baseline build") {
   if (!host_avx2_enabled()) {
     MESSAGE("this CPU has no AVX2: only the baseline build runs");
