@@ -116,12 +116,13 @@ def build_model(name="mlp"):
     return mlp(INPUT, 2048, 2048, CLASSES) if name == "mlp" else mlp(INPUT, 1024, 2048, 1024, CLASSES)
 
 
-def make_run(kind, rank_r, lr, model_name="mlp"):
-    """(model, optimizer) for one kind; every kind starts from the same weights."""
+def make_run(kind, rank_r, lr, model_name="mlp", seed=0):
+    """(model, optimizer) for one kind; every kind starts from the same
+    weights (those of ``seed``)."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = build_model(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     if kind == "local":  # no communication: the compute floor of a step
@@ -172,13 +173,14 @@ def make_run(kind, rank_r, lr, model_name="mlp"):
     return model.with_bagua([opt], algorithm), opt
 
 
-def rank_batches(rank, world, batch):
-    """This rank's shard of the digits training set, in batches."""
+def rank_batches(rank, world, batch, seed=0):
+    """This rank's shard of the digits training set, in batches (the order
+    of ``seed``; the train/test split is always the same)."""
     import torch
     from digits_mlp import load_data
 
     x_train, y_train, x_test, y_test = load_data(0)
-    order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(0))[rank::world]
+    order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(seed))[rank::world]
     batches = [(x_train[order[i:i + batch]], y_train[order[i:i + batch]])
                for i in range(0, len(order) - batch + 1, batch)]
     return batches, (x_test, y_test)
