@@ -253,6 +253,30 @@ def scenario_exit(out_dir):
         time.sleep(1.0)
 
 
+def scenario_exit_joined_group(out_dir):
+    """The script made torch's group itself (as torchrun scripts, Accelerate
+    and Trainer do), bagua joined it, a DDP with bagua's hook trained; no
+    cleanup. The handler registered first runs last: is torch's group gone?"""
+    rank = int(os.environ["RANK"])
+
+    def after_bagua_shutdown():
+        with open(os.path.join(out_dir, f"rank{rank}_exit.json"), "w") as f:
+            json.dump({"torch_pg_initialized": dist.is_initialized()}, f)
+
+    atexit.register(after_bagua_shutdown)
+    dist.init_process_group("gloo")
+    bagua.init_process_group()
+    from bagua.torch_api import ddp_hooks
+    model, opt = fresh_model_and_optimizer("sgd")
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp_hooks.register(ddp, "bytegrad")
+    for x, y in batches(rank, steps=3):
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    _save(out_dir, {"done": True})
+
+
 # -- 7. a parameter unused on one rank ---------------------------------------------
 class Branchy(torch.nn.Module):
     def __init__(self):

@@ -132,6 +132,19 @@ def test_clean_exit(tmp_path):
         assert state == {"torch_pg_initialized": False, "async_status": ["stopped"]}, state
 
 
+def test_exit_destroys_a_torch_group_bagua_joined(tmp_path):
+    """torch 2.x with Gloo aborts a process now and then whose default group
+    is left to interpreter teardown ('terminate called without an active
+    exception', once in CI in a Trainer run): bagua's exit handler destroys
+    the group it joined too, not only one it created."""
+    run("exit_joined_group", 3, tmp_path)
+    for rank in range(3):
+        log = (tmp_path / f"rank{rank}.log").read_text()
+        assert "terminate called" not in log, log
+        state = json.loads((tmp_path / f"rank{rank}_exit.json").read_text())
+        assert state == {"torch_pg_initialized": False}, (rank, state)
+
+
 # -- 6 -----------------------------------------------------------------------------
 def test_installed_torch_satisfies_the_declared_requirement():
     tomllib = pytest.importorskip("tomllib")

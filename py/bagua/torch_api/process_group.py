@@ -324,7 +324,6 @@ def _torch_store(world_size: int) -> _Rendezvous:
     def init_torch():
         _check_torch_gloo_address(store, rank, world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-        _exit.created_torch_group()  # destroyed at exit
 
     _pending_rendezvous = _Rendezvous(key, store, init_torch)
     return _pending_rendezvous
