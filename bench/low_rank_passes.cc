@@ -6,7 +6,14 @@
 // the baseline (SSE2) build of the loops and the AVX2 one (core/host_vectors.h)
 // by turns.
 //
-//   build/bench_low_rank_passes [--json path]
+// With --cold every timed pass starts after a sweep over 512 MB, so the
+// matrices come from memory as in a training step, where the backward, the
+// optimizer and other models run between two passes over the same buffers.
+// Hot, the matrices of this MLP (19 MB) stay in a large last-level cache
+// and the passes run several times faster than inside a step
+// (docs/benchmarks.md, "The passes at memory speed").
+//
+//   build/bench_low_rank_passes [--cold] [--json path]
 #include <algorithm>
 #include <array>
 #include <fstream>
@@ -55,10 +62,18 @@ struct Matrix {
 
 using Passes = std::array<std::function<void(Matrix&)>, 3>;
 
+// Writes one float of every cache line of a buffer larger than any cache:
+// what the passes read afterwards comes from memory.
+void evict_caches() {
+  static std::vector<float> sweep(std::size_t{128} << 20);  // 512 MB
+  for (std::size_t i = 0; i < sweep.size(); i += 16) sweep[i] += 1.0f;
+}
+
 // Each pass over all matrices, best of 20 runs, in ms: the baseline build and
-// (with `avx2`) the AVX2 one, run by turns so both see the same machine.
+// (with `avx2`) the AVX2 one, run by turns so both see the same machine;
+// `cold`: each run after evict_caches.
 std::vector<std::pair<std::string, std::array<double, 3>>> time_builds(
-    const Passes& passes, std::vector<Matrix>& matrices, bool avx2) {
+    const Passes& passes, std::vector<Matrix>& matrices, bool avx2, bool cold) {
   std::vector<std::pair<std::string, std::array<double, 3>>> timings = {{"baseline", {}}};
   if (avx2) timings.push_back({"avx2", {}});
   for (auto& [build, ms] : timings) ms.fill(1e30);
@@ -66,6 +81,7 @@ std::vector<std::pair<std::string, std::array<double, 3>>> time_builds(
     for (std::size_t b = 0; b < timings.size(); ++b) {
       bagua::set_host_avx2(b == 1);
       for (std::size_t pass = 0; pass < passes.size(); ++pass) {
+        if (cold) evict_caches();
         const double seconds = best_seconds(
             [&] {
               for (Matrix& m : matrices) passes[pass](m);
@@ -82,14 +98,18 @@ std::vector<std::pair<std::string, std::array<double, 3>>> time_builds(
 
 int main(int argc, char** argv) try {
   std::string json_path = "bench/results/low_rank_passes.json";
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--json") json_path = argv[i + 1];
+  bool cold = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--cold") cold = true;
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[i + 1];
+  }
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
       {1536, 512}, {1536, 1536}, {1024, 1536}, {10, 1024}};
   auto compute = bagua::compute_for(bagua::Device{});
   nlohmann::json report = nlohmann::json::array();
   const bool avx2 = bagua::host_avx2_enabled();
-  fmt::print("host loops: the baseline build{}\n", avx2 ? " and AVX2, alternated" : " (no AVX2)");
+  fmt::print("host loops: the baseline build{}, caches {}\n",
+             avx2 ? " and AVX2, alternated" : " (no AVX2)", cold ? "cold" : "hot");
   fmt::print("{:>5} {:>8} {:>14} {:>14} {:>14}   (ms per step; GB/s of M)\n", "rank", "build",
              "project", "project back", "reconstruct");
   for (const std::int64_t rank : {1, 2, 4}) {
@@ -112,13 +132,14 @@ int main(int argc, char** argv) try {
         [](Matrix& m) {
           bagua::low_rank_write_approximation(m.s, view_of(m.grad), view_of(m.p), view_of(m.q));
         }};
-    const auto timings = time_builds(passes, matrices, avx2);
+    const auto timings = time_builds(passes, matrices, avx2, cold);
     for (const auto& [build, ms] : timings) {
       fmt::print("{:>5} {:>8} {:>7.2f} {:>5.1f}  {:>7.2f} {:>5.1f}  {:>7.2f} {:>5.1f}\n", rank,
                  build, ms[0], bytes / ms[0] / 1e6, ms[1], bytes / ms[1] / 1e6, ms[2],
                  bytes / ms[2] / 1e6);
       report.push_back({{"rank", rank},
                         {"build", build},
+                        {"caches", cold ? "cold" : "hot"},
                         {"m_bytes", bytes},
                         {"project_ms", ms[0]},
                         {"project_back_ms", ms[1]},
