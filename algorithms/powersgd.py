@@ -90,13 +90,20 @@ class PowerSGDAlgorithmImpl(AlgorithmImpl):
     # slow-link bench's issue MLP it took 4.7-8.4 ms off the step, A/B in
     # alternate launches (docs/benchmarks.md, "PowerSGD against its floor").
     # A stall seen there (one rank's backward 40-60 ms slower) came with it
-    # on and with it off alike.
+    # on and with it off alike: it was the timeline's allocations (79ed3f3).
     adopts_fresh_gradients = True
 
     def __init__(self, process_group, rank: int, start_iter: int, min_compression_rate: float,
                  error_feedback: bool, warm_start: bool, orthogonalization_epsilon: float, seed: int,
                  low_precision: bool = False, one_bucket: bool = False):
         super().__init__(process_group)
+        # The factor passes over host gradients run on as many threads as
+        # torch's own CPU ops (BAGUA_HOST_THREADS overrides): on a many-core
+        # host, one thread beside multi-threaded matrix products would make
+        # them most of the step. The bits do not depend on the count.
+        from bagua.torch_api._core import core
+
+        core.set_host_threads(core.env().host_threads or min(256, max(1, torch.get_num_threads())))
         self.low_precision = low_precision
         self.one_bucket = one_bucket
         self.rank = rank

@@ -13,7 +13,10 @@
 // and the passes run several times faster than inside a step
 // (docs/benchmarks.md, "The passes at memory speed").
 //
-//   build/bench_low_rank_passes [--cold] [--json path]
+// --threads N runs the passes on N host threads (core/host_threads.h; the
+// passes cut their rows or columns, the bits stay those of one thread).
+//
+//   build/bench_low_rank_passes [--cold] [--threads N] [--json path]
 #include <algorithm>
 #include <array>
 #include <fstream>
@@ -27,6 +30,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bagua/core/host_threads.h"
 #include "bagua/core/host_vectors.h"
 #include "bagua/ops/low_rank_steps.h"
 #include "best_time.h"
@@ -99,8 +103,10 @@ std::vector<std::pair<std::string, std::array<double, 3>>> time_builds(
 int main(int argc, char** argv) try {
   std::string json_path = "bench/results/low_rank_passes.json";
   bool cold = false;
+  int threads = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--cold") cold = true;
+    if (std::string(argv[i]) == "--threads" && i + 1 < argc) threads = std::stoi(argv[i + 1]);
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[i + 1];
   }
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
@@ -108,8 +114,9 @@ int main(int argc, char** argv) try {
   auto compute = bagua::compute_for(bagua::Device{});
   nlohmann::json report = nlohmann::json::array();
   const bool avx2 = bagua::host_avx2_enabled();
-  fmt::print("host loops: the baseline build{}, caches {}\n",
-             avx2 ? " and AVX2, alternated" : " (no AVX2)", cold ? "cold" : "hot");
+  bagua::set_host_threads(threads);
+  fmt::print("host loops: the baseline build{}, caches {}, {} thread(s)\n",
+             avx2 ? " and AVX2, alternated" : " (no AVX2)", cold ? "cold" : "hot", threads);
   fmt::print("{:>5} {:>8} {:>14} {:>14} {:>14}   (ms per step; GB/s of M)\n", "rank", "build",
              "project", "project back", "reconstruct");
   for (const std::int64_t rank : {1, 2, 4}) {
@@ -140,6 +147,7 @@ int main(int argc, char** argv) try {
       report.push_back({{"rank", rank},
                         {"build", build},
                         {"caches", cold ? "cold" : "hot"},
+                        {"threads", threads},
                         {"m_bytes", bytes},
                         {"project_ms", ms[0]},
                         {"project_back_ms", ms[1]},

@@ -36,7 +36,9 @@ with the torch calls of DDP's hook.
 
 Prints a table per rate (median, p90, ratio to DDP, accuracy, stage
 medians, auto's choice), writes bench/results/slow_network.json (--out) and
-the plot docs/slow_network.png (--plot; step time against bandwidth).
+with --plot PATH the plot (step time against bandwidth). The plot in the
+docs, docs/slow_network.png, is redrawn from the report it shows with
+--plot-only, so a partial run (a few kinds, one rate) leaves it alone.
 """
 
 import argparse
@@ -56,6 +58,7 @@ KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "ddp_bagua_bytegrad_hook",
          "auto", "local"]
 DEFAULT_KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "bytegrad", "powersgd",
                  "powersgd_8bit", "auto", "local"]
+DOCS_PLOT = Path(__file__).resolve().parents[1] / "docs" / "slow_network.png"
 CANDIDATE_KINDS = ("gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit")  # what auto chooses from
 INPUT, CLASSES = 64, 10
 START_ITER = 10  # PowerSGD's and the hook's uncompressed first steps
@@ -487,13 +490,14 @@ def main():
                         help="record a timeline (BAGUA_TIMELINE) and print where each bagua kind's step went")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "slow_network.json"))
-    parser.add_argument("--plot", default=str(Path(__file__).resolve().parents[1] / "docs" / "slow_network.png"))
+    parser.add_argument("--plot", default=None, help="also draw the plot there (with --plot-only, default "
+                        + str(DOCS_PLOT) + ")")
     parser.add_argument("--plot-only", metavar="JSON", help="redraw the plot from a saved report")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     if args.plot_only:
-        return plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot))
+        return plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot or DOCS_PLOT))
     unknown = set(args.kinds.split(",")) - set(KINDS)
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}; choose from {KINDS}")
@@ -528,7 +532,8 @@ def main():
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
-    plot(report, Path(args.plot))
+    if args.plot:
+        plot(report, Path(args.plot))
 
 
 if __name__ == "__main__":

@@ -415,6 +415,12 @@ void bind_powersgd(py::module_& m) {
         py::arg("rows"), py::arg("cols"), py::arg("rank"), py::arg("epsilon") = 0.0, ReleaseGil(),
         "PowerSGD's math on one rows x cols matrix at world size 1, in place (m, error, q; p is "
         "scratch; error may have no elements)");
+  m.def("host_threads", &host_threads,
+        "Threads PowerSGD's host passes may use (core/host_threads.h); 1 unless set");
+  m.def("host_ranges_cut", &host_ranges_cut,
+        "Host passes cut into several ranges so far (core/host_threads.h; for tests)");
+  m.def("set_host_threads", &set_host_threads, py::arg("threads"),
+        "Sets the threads PowerSGD's host passes may use, 1 to 256 (the bits do not change)");
   m.def("low_rank_deferred_error", &low_rank_deferred_error_of, py::arg("base"), py::arg("p_prev"),
         py::arg("q_prev"), py::arg("error"), py::arg("rows"), py::arg("cols"), py::arg("rank"),
         ReleaseGil(),

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "bagua/core/host_threads.h"
 #include "bagua/core/host_vectors.h"
 #include "bagua/ops/low_rank_steps.h"
 #include "typed_buffer.h"
@@ -241,4 +242,29 @@ TEST_CASE("the AVX2 build of the host passes gives the bits of the baseline buil
       CHECK(baseline == avx2);
     }
   }
+}
+
+TEST_CASE("the host passes give the same bits on one thread and on several") {
+  const int before = host_threads();
+  for (const DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
+    for (const LowRankShape s : {LowRankShape{2000, 200, 3}, LowRankShape{777, 1031, 1},
+                                 LowRankShape{1500, 131, 4}, LowRankShape{900, 300, 5}}) {
+      CAPTURE(to_string(dtype));
+      CAPTURE(s.rows);
+      CAPTURE(s.cols);
+      CAPTURE(s.rank);
+      set_host_threads(1);
+      const auto one = outputs_of_all_passes(dtype, s);
+      for (const int threads : {2, 3, 5}) {
+        CAPTURE(threads);
+        set_host_threads(threads);
+        const std::int64_t cut = host_ranges_cut();
+        CHECK(outputs_of_all_passes(dtype, s) == one);
+        // The deferred project, the project back and the reconstruction each
+        // cut every step (3 steps): the comparison is not of one thread twice.
+        CHECK(host_ranges_cut() - cut >= 9);
+      }
+    }
+  }
+  set_host_threads(before);
 }

@@ -163,6 +163,35 @@ def scenario_fresh_gradients(out_dir, low_precision="0"):
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_host_threads(out_dir, low_precision="0"):
+    """The same PowerSGD run with the factor passes on one host thread and on
+    three: the parameters after every step, the thread count PowerSGD took
+    from torch when it was set up, and how many passes were cut."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    runs, cuts, taken = {}, {}, {}
+    for threads in (1, 3):
+        torch.manual_seed(7)  # matrices large enough to be cut (64 Ki elements a range)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                    torch.nn.ReLU(), torch.nn.Linear(512, 5))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)  # PowerSGD takes torch's count when set up...
+        model = model.with_bagua([opt], PowerSGDAlgorithm(rank=2, start_iter=1, low_precision=low_precision == "1"))
+        taken[threads] = bagua_core.host_threads()
+        torch.set_num_threads(torch_threads)  # ...and torch's own ops stay on one thread in both runs
+        before = bagua_core.host_ranges_cut()
+        params = []
+        for x, y in batches(rank, steps=5):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            params.append([p.detach().clone() for p in model.parameters()])
+        runs[threads], cuts[threads] = params, bagua_core.host_ranges_cut() - before
+    torch.save({"one": runs[1], "three": runs[3], "cuts": cuts, "taken": taken},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 def scenario_exchange(out_dir, low_precision):
     """One compressed exchange of the C++ op on the exchange inputs (one flat
     bucket: the vector, then the matrices), and the reference computed in

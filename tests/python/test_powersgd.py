@@ -198,6 +198,23 @@ def test_adopted_fresh_gradients_give_the_bits_of_kept_ones(tmp_path, world_size
             assert all(torch.equal(a, b) for a, b in zip(params, results[0]["fresh"][step])), (rank, step)
 
 
+@pytest.mark.parametrize("world_size,low_precision", [(1, "0"), (2, "0"), (3, "1")])
+def test_host_threads_give_the_bits_of_one_thread(tmp_path, world_size, low_precision):
+    """PowerSGD's factor passes on three host threads (core/host_threads.h,
+    the count taken from torch.get_num_threads() when the algorithm is set
+    up) train to the same parameters, bit for bit, as on one thread; the
+    passes were really cut."""
+    results = run_workers("host_threads", world_size, tmp_path, script=WORKERS, args=(low_precision,))
+    for rank, result in enumerate(results):
+        assert result["taken"] == {1: 1, 3: 3}, (rank, result["taken"])
+        assert result["cuts"][1] == 0 and result["cuts"][3] >= 3 * 4, (rank, result["cuts"])
+        for step, (three, one) in enumerate(zip(result["three"], result["one"])):
+            for i, (a, b) in enumerate(zip(three, one)):
+                assert torch.equal(a, b), f"rank {rank}, step {step + 1}, parameter {i}"
+        for step, params in enumerate(result["three"]):  # replicas agree
+            assert all(torch.equal(a, b) for a, b in zip(params, results[0]["three"][step])), (rank, step)
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 5])
 @pytest.mark.parametrize("low_precision", [False, True])
 def test_exchange_matches_the_reference(tmp_path, world_size, low_precision):

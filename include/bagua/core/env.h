@@ -26,6 +26,7 @@
 //   BAGUA_AUTOTUNE_MAX_SECONDS    integer >= 1  300                 autotune_max_seconds
 //   BAGUA_ALGORITHM               name (4)      (unset: measure)    algorithm
 //   BAGUA_CHECK_REPLICAS          integer >= 1  (unset: off)        check_replicas_every
+//   BAGUA_HOST_THREADS            1 to 256      (unset: torch's)    host_threads
 //   (1) trace, debug, info, warn (warning), error (err), critical, off
 //   (2) 1, true, yes, on / 0, false, no, off (any case)
 //   (3) > 0 and <= 1e9, kept in whole milliseconds rounded up (>= 1 ms)
@@ -83,6 +84,9 @@ struct EnvConfig {
   // (Python's data_parallel.replicas); 0: never.
   std::int64_t check_replicas_every = 0;
   std::string algorithm;
+  // Threads of PowerSGD's host passes (core/host_threads.h); 0: unset, the
+  // algorithm then takes torch.get_num_threads().
+  std::int64_t host_threads = 0;
 };
 
 namespace detail {
@@ -196,6 +200,10 @@ inline EnvConfig read_env() {
   c.autotune_max_trials = env_positive_int("BAGUA_AUTOTUNE_MAX_TRIALS", c.autotune_max_trials);
   c.autotune_max_seconds = env_positive_int("BAGUA_AUTOTUNE_MAX_SECONDS", c.autotune_max_seconds);
   c.check_replicas_every = env_positive_int("BAGUA_CHECK_REPLICAS", c.check_replicas_every);
+  c.host_threads = env_positive_int("BAGUA_HOST_THREADS", c.host_threads);
+  if (c.host_threads > 256) {
+    env_invalid("BAGUA_HOST_THREADS", env_value("BAGUA_HOST_THREADS"), "an integer from 1 to 256");
+  }
   c.algorithm = env_choice("BAGUA_ALGORITHM", c.algorithm,
                            {"gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit"});
   return c;

@@ -9,7 +9,10 @@
 // and PyTorch's CPU mm of a 2048 x 2048 matrix by a 2048 x 2 one took
 // 13-22 ms where this pass takes about 2 (docs/algorithms.md, PowerSGD).
 // The host passes run inside with_widest_host_vectors (core/host_vectors.h):
-// compiled for AVX2 where the CPU has it, with the same bits.
+// compiled for AVX2 where the CPU has it, with the same bits; the deferred
+// project, the project back and the reconstruction cut their rows (columns
+// for the project back) over the host threads (core/host_threads.h), again
+// with the same bits.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 
 #include "bagua/core/elementwise.h"
 #include "bagua/core/errors.h"
+#include "bagua/core/host_threads.h"
 #include "bagua/core/host_vectors.h"
 #include "bagua/core/tensor_view.h"
 #include "bagua/runtime/compute.h"
@@ -244,20 +248,21 @@ void dots(LowRankShape s, const T* row, const C* qt, T* out) {
   for (std::int64_t k = 0; k < s.rank; ++k) out[k] = store<T>(dot(row, qt + k * s.cols, s.cols));
 }
 
-// sums[k * cols + j] += P[i, k] * M[i, j] for every k and the kBlock
-// consecutive rows i from `rows` (`factors`: the first one's row of P), the
-// rank known to the compiler. Each sum is loaded and stored once per block
-// instead of once per row and still takes the rows' terms one by one in row
-// order, so the bits are those of the row-by-row loop. (Row by row, Q = M^T P
-// ran at 4-5 GB/s of M here, bound by those loads and stores of the sums.)
+// sums[k * cols + j] += P[i, k] * M[i, j] for every k, the kBlock
+// consecutive rows i from `rows` (`factors`: the first one's row of P) and
+// the columns j in [first, last), the rank known to the compiler. Each sum is
+// loaded and stored once per block instead of once per row and still takes
+// the rows' terms one by one in row order, so the bits are those of the
+// row-by-row loop, whatever columns a call takes. (Row by row, Q = M^T P ran
+// at 4-5 GB/s of M here, bound by those loads and stores of the sums.)
 template <int kRank, int kBlock, typename T, typename C>
 void accumulate_rows_of_rank(const T* __restrict rows, const T* factors, std::int64_t cols,
-                             C* __restrict sums) {
+                             std::int64_t first, std::int64_t last, C* __restrict sums) {
   C weight[kBlock][kRank];
   for (int b = 0; b < kBlock; ++b) {
     for (int k = 0; k < kRank; ++k) weight[b][k] = load(factors[b * kRank + k]);
   }
-  for (std::int64_t j = 0; j < cols; ++j) {
+  for (std::int64_t j = first; j < last; ++j) {
     C x[kBlock];
     for (int b = 0; b < kBlock; ++b) x[b] = load(rows[b * cols + j]);
     for (int k = 0; k < kRank; ++k) {
@@ -268,18 +273,23 @@ void accumulate_rows_of_rank(const T* __restrict rows, const T* factors, std::in
   }
 }
 
-// sums += M^T P over all of M's rows (`m`: rows x cols, `factors`: P).
+// sums += M^T P over all of M's rows (`m`: rows x cols, `factors`: P), for
+// the columns in [first, last): every column's sums run over the rows in
+// order, so column ranges may run on different threads with the same bits.
 template <typename T, typename C>
-void accumulate_rows(LowRankShape s, const T* m, const T* factors, C* sums) {
+void accumulate_rows(LowRankShape s, const T* m, const T* factors, std::int64_t first,
+                     std::int64_t last, C* sums) {
   if (with_compiled_rank(s.rank, [&](auto r) {
         constexpr int kRank = decltype(r)::value;
         constexpr int kBlock = 4;
         std::int64_t i = 0;
         for (; i + kBlock <= s.rows; i += kBlock) {
-          accumulate_rows_of_rank<kRank, kBlock>(m + i * s.cols, factors + i * kRank, s.cols, sums);
+          accumulate_rows_of_rank<kRank, kBlock>(m + i * s.cols, factors + i * kRank, s.cols, first,
+                                                 last, sums);
         }
         for (; i < s.rows; ++i) {
-          accumulate_rows_of_rank<kRank, 1>(m + i * s.cols, factors + i * kRank, s.cols, sums);
+          accumulate_rows_of_rank<kRank, 1>(m + i * s.cols, factors + i * kRank, s.cols, first,
+                                            last, sums);
         }
       }))
     return;
@@ -288,9 +298,17 @@ void accumulate_rows(LowRankShape s, const T* m, const T* factors, C* sums) {
     for (std::int64_t k = 0; k < s.rank; ++k) {
       const C weight = load(factors[i * s.rank + k]);
       C* column = sums + k * s.cols;
-      for (std::int64_t j = 0; j < s.cols; ++j) column[j] += weight * load(row[j]);
+      for (std::int64_t j = first; j < last; ++j) column[j] += weight * load(row[j]);
     }
   }
+}
+
+// Rows (or columns) per range of for_each_range (core/host_threads.h) for a
+// pass over `per_item` elements each: ranges of at least 64 Ki elements, so
+// a small matrix stays on one thread.
+inline std::int64_t grain_for(std::int64_t per_item) {
+  constexpr std::int64_t kElementsPerRange = std::int64_t{1} << 16;
+  return std::max<std::int64_t>(1, kElementsPerRange / std::max<std::int64_t>(1, per_item));
 }
 
 }  // namespace low_rank_detail
@@ -331,19 +349,24 @@ inline void low_rank_project_back(Compute& c, LowRankShape s, const TensorView& 
         [] {}, [&](void* stream) { cuda_low_rank_project_back(s, m, p, accumulator, q, stream); });
     return;
   }
-  with_widest_host_vectors([&](auto /*vector_bytes*/) {
-    low_rank_detail::dispatch_floating(m.dtype, "low_rank_project_back", [&](auto tag) {
-      using T = decltype(tag);
-      using C = compute_type_t<T>;
-      std::vector<C> sums(static_cast<std::size_t>(s.cols * s.rank), C{0});
-      const T* factors = p.data_as<T>();
-      low_rank_detail::accumulate_rows(s, m.data_as<T>(), factors, sums.data());
-      T* out = q.data_as<T>();
-      for (std::int64_t j = 0; j < s.cols; ++j) {
-        for (std::int64_t k = 0; k < s.rank; ++k)
-          out[j * s.rank + k] = store<T>(sums[k * s.cols + j]);
-      }
-    });
+  // Column ranges on the host threads: each column's sums over the rows stay
+  // on one thread, in row order.
+  low_rank_detail::dispatch_floating(m.dtype, "low_rank_project_back", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_type_t<T>;
+    std::vector<C> sums(static_cast<std::size_t>(s.cols * s.rank), C{0});
+    const T* factors = p.data_as<T>();
+    T* out = q.data_as<T>();
+    for_each_range(
+        s.cols, low_rank_detail::grain_for(s.rows), [&](std::int64_t first, std::int64_t last) {
+          with_widest_host_vectors([&](auto /*vector_bytes*/) {
+            low_rank_detail::accumulate_rows(s, m.data_as<T>(), factors, first, last, sums.data());
+            for (std::int64_t j = first; j < last; ++j) {
+              for (std::int64_t k = 0; k < s.rank; ++k)
+                out[j * s.rank + k] = store<T>(sums[k * s.cols + j]);
+            }
+          });
+        });
   });
 }
 
@@ -426,30 +449,36 @@ inline void low_rank_project_deferred(LowRankShape s, const TensorView& grad,
                                       const TensorView& q_prev, const TensorView& q,
                                       const TensorView& p) {
   low_rank_detail::require_host(grad, "low_rank_project_deferred");
-  with_widest_host_vectors([&](auto vector_bytes) {
-    low_rank_detail::dispatch_floating(grad.dtype, "low_rank_project_deferred", [&](auto tag) {
-      using T = decltype(tag);
-      using C = compute_type_t<T>;
-      const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
-      const auto qt_prev = low_rank_detail::transposed(q_prev.data_as<T>(), s.cols, s.rank);
-      std::vector<C> approx(static_cast<std::size_t>(s.cols));
-      T* out = p.data_as<T>();
-      for (std::int64_t i = 0; i < s.rows; ++i) {
-        const T* g = grad.data_as<T>() + i * s.cols;
-        T* row = base.data_as<T>() + i * s.cols;
-        const T* factors = p_prev.data_as<T>() + i * s.rank;
-        if constexpr (std::is_same_v<T, C>) {
-          if (low_rank_detail::with_compiled_rank(s.rank, [&](auto r) {
-                low_rank_detail::project_deferred_row_of_rank<decltype(r)::value,
-                                                              decltype(vector_bytes)::value>(
-                    s.cols, g, factors, qt_prev.data(), qt.data(), row, out + i * s.rank);
-              }))
-            continue;
-        }
-        low_rank_detail::add_deferred_error_row(s, g, factors, qt_prev.data(), approx.data(), row);
-        low_rank_detail::dots(s, row, qt.data(), out + i * s.rank);
-      }
-    });
+  low_rank_detail::dispatch_floating(grad.dtype, "low_rank_project_deferred", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_type_t<T>;
+    const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+    const auto qt_prev = low_rank_detail::transposed(q_prev.data_as<T>(), s.cols, s.rank);
+    T* out = p.data_as<T>();
+    // Row ranges on the host threads: a row's elements and dot products are
+    // one thread's, in their order.
+    for_each_range(
+        s.rows, low_rank_detail::grain_for(s.cols), [&](std::int64_t first, std::int64_t last) {
+          with_widest_host_vectors([&](auto vector_bytes) {
+            std::vector<C> approx(static_cast<std::size_t>(s.cols));
+            for (std::int64_t i = first; i < last; ++i) {
+              const T* g = grad.data_as<T>() + i * s.cols;
+              T* row = base.data_as<T>() + i * s.cols;
+              const T* factors = p_prev.data_as<T>() + i * s.rank;
+              if constexpr (std::is_same_v<T, C>) {
+                if (low_rank_detail::with_compiled_rank(s.rank, [&](auto r) {
+                      low_rank_detail::project_deferred_row_of_rank<decltype(r)::value,
+                                                                    decltype(vector_bytes)::value>(
+                          s.cols, g, factors, qt_prev.data(), qt.data(), row, out + i * s.rank);
+                    }))
+                  continue;
+              }
+              low_rank_detail::add_deferred_error_row(s, g, factors, qt_prev.data(), approx.data(),
+                                                      row);
+              low_rank_detail::dots(s, row, qt.data(), out + i * s.rank);
+            }
+          });
+        });
   });
 }
 
@@ -457,17 +486,21 @@ inline void low_rank_project_deferred(LowRankShape s, const TensorView& grad,
 inline void low_rank_write_approximation(LowRankShape s, const TensorView& grad,
                                          const TensorView& p, const TensorView& q) {
   low_rank_detail::require_host(grad, "low_rank_write_approximation");
-  with_widest_host_vectors([&](auto /*vector_bytes*/) {
-    low_rank_detail::dispatch_floating(grad.dtype, "low_rank_write_approximation", [&](auto tag) {
-      using T = decltype(tag);
-      using C = compute_type_t<T>;
-      const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
-      std::vector<C> approx(static_cast<std::size_t>(s.cols));
-      for (std::int64_t i = 0; i < s.rows; ++i) {
-        low_rank_detail::write_approximation_row(s, p.data_as<T>() + i * s.rank, qt.data(),
-                                                 approx.data(), grad.data_as<T>() + i * s.cols);
-      }
-    });
+  low_rank_detail::dispatch_floating(grad.dtype, "low_rank_write_approximation", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_type_t<T>;
+    const auto qt = low_rank_detail::transposed(q.data_as<T>(), s.cols, s.rank);
+    for_each_range(s.rows, low_rank_detail::grain_for(s.cols),
+                   [&](std::int64_t first, std::int64_t last) {
+                     with_widest_host_vectors([&](auto /*vector_bytes*/) {
+                       std::vector<C> approx(static_cast<std::size_t>(s.cols));
+                       for (std::int64_t i = first; i < last; ++i) {
+                         low_rank_detail::write_approximation_row(s, p.data_as<T>() + i * s.rank,
+                                                                  qt.data(), approx.data(),
+                                                                  grad.data_as<T>() + i * s.cols);
+                       }
+                     });
+                   });
   });
 }
 
