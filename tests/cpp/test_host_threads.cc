@@ -88,14 +88,14 @@ TEST_CASE("for_each_range runs the ranges on several threads when asked") {
 
 TEST_CASE("a range's failure is rethrown once every range has ended") {
   ThreadsSetting setting(3);
-  std::atomic<int> ended{0};
-  CHECK_THROWS_WITH_AS(for_each_range(6, 1,
-                                      [&](std::int64_t begin, std::int64_t) {
-                                        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-                                        ended++;
-                                        if (begin == 2) throw std::runtime_error("range 2 failed");
-                                      }),
-                       "range 2 failed", std::runtime_error);
+  std::atomic<std::int64_t> ended{0};  // items of the ranges that ended
+  const auto fail_at_2 = [&](std::int64_t begin, std::int64_t end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ended += end - begin;
+    if (begin <= 2 && 2 < end) throw std::runtime_error("the range of item 2 failed");
+  };
+  CHECK_THROWS_WITH_AS(for_each_range(6, 1, fail_at_2), "the range of item 2 failed",
+                       std::runtime_error);
   CHECK(ended.load() == 6);
   CHECK(visits(100, 1) == std::vector<int>(100, 1));  // the pool still works
 }
