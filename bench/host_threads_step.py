@@ -6,7 +6,7 @@ without communication (`local`) as the floor.
 World size 1 (one process; PowerSGD's exchanges then move nothing, so what
 is measured is the compute and the factor passes), torch on --threads
 threads, slow_network.py's models, rank --rank after --start-iter plain
-steps. The three kinds train from the same weights on the same batches,
+steps, one bucket (as slow_network.py and auto run PowerSGD). The three kinds train from the same weights on the same batches,
 interleaved step by step; each kind's median step (after --skip-steps) and
 the ratios are printed, and written as JSON (--out).
 
