@@ -98,6 +98,17 @@ def reference_exchange(world, low_precision):
     return vector, grads, qs
 
 
+def params_after_each_step(model, opt, rank, steps=5):
+    """Trains on this rank's batches; the parameters after every step."""
+    params = []
+    for x, y in batches(rank, steps=steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        params.append([p.detach().clone() for p in model.parameters()])
+    return params
+
+
 def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", warm_start="1", flatten="1",
                       low_precision="0", one_bucket="0"):
     """Five SGD steps of workers.Net with PowerSGD; saves the parameters
@@ -109,12 +120,7 @@ def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", w
                                   error_feedback=error_feedback == "1", warm_start=warm_start == "1",
                                   low_precision=low_precision == "1", one_bucket=one_bucket == "1")
     model = model.with_bagua([opt], algorithm, do_flatten=flatten == "1")
-    params = []
-    for x, y in batches(rank, steps=5):
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        params.append([p.detach().clone() for p in model.parameters()])
+    params = params_after_each_step(model, opt, rank)
     impl = model.bagua_ddp.bagua_algorithm_impl
     state = model.bagua_ddp.state_dict()["algorithm_state"]
     restored = PowerSGDAlgorithm().reify(None)
@@ -181,12 +187,7 @@ def scenario_host_threads(out_dir, low_precision="0"):
         taken[threads] = bagua_core.host_threads()
         torch.set_num_threads(torch_threads)  # ...and torch's own ops stay on one thread in both runs
         before = bagua_core.host_ranges_cut()
-        params = []
-        for x, y in batches(rank, steps=5):
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            params.append([p.detach().clone() for p in model.parameters()])
+        params = params_after_each_step(model, opt, rank)
         runs[threads], cuts[threads] = params, bagua_core.host_ranges_cut() - before
     torch.save({"one": runs[1], "three": runs[3], "cuts": cuts, "taken": taken},
                os.path.join(out_dir, f"rank{rank}.pt"))
