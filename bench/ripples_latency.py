@@ -67,6 +67,23 @@ def _primitive(args, rank, world):
     return {"call_ms": calls, "request_ms": []}
 
 
+def _allreduce(args):
+    """The whole world's allreduce of the same small tensor: among ranks of
+    one host it goes through shared memory, not Gloo's sockets."""
+    import torch
+
+    import bagua.torch_api as bagua
+
+    x = torch.ones(args.numel)
+    calls = []
+    bagua.barrier()
+    for _ in range(args.calls):
+        start = time.perf_counter()
+        bagua.allreduce_inplace(x)
+        calls.append((time.perf_counter() - start) * 1e3)
+    return {"call_ms": calls, "request_ms": []}
+
+
 def _barrier(args):
     import bagua.torch_api as bagua
 
@@ -148,6 +165,8 @@ def worker(args):
     for mode in args.modes:
         if mode == "barrier":
             mine[mode] = _barrier(args)
+        elif mode == "allreduce":
+            mine[mode] = _allreduce(args)
         elif mode == "primitive":
             mine[mode] = _primitive(args, rank, world)
         else:
@@ -186,7 +205,7 @@ def report(rows, args):
     for mode in args.modes:
         calls = "  ".join(f"{r['call']['p50']:.2f}/{r['call']['p99']:.1f}" for r in rows[mode])
         print(f"{mode:>10} call     {calls}")
-        if mode not in ("primitive", "barrier"):
+        if mode not in ("primitive", "barrier", "allreduce"):
             asks = "  ".join(f"{r['request']['p50']:.2f}/{r['request']['p99']:.1f}" for r in rows[mode])
             print(f"{mode:>10} request  {asks}")
     if "fairness" in rows:

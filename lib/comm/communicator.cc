@@ -93,6 +93,13 @@ void Communicator::send_recv(std::span<const PeerMessage> sends,
   do_send_recv(sends, receives);
 }
 
+bool Communicator::send_recv_on_host(std::span<const PeerMessage> sends,
+                                     std::span<const PeerMessage> receives) {
+  for (const auto& message : sends) check_peer("send_recv", message.peer);
+  for (const auto& message : receives) check_peer("send_recv", message.peer);
+  return do_send_recv_on_host(sends, receives);
+}
+
 int Communicator::recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
                            bool wait_forever) {
   BAGUA_CHECK_ARG(!peers.empty() && buffer.numel > 0 && tag != 0,

@@ -8,6 +8,7 @@
 // ranks find each other (store adapter, TCP device, address check) is in
 // gloo_rendezvous.cc.
 #include "bagua/comm/gloo_communicator.h"
+#include "bagua/comm/shared_memory_messages.h"
 
 #include <algorithm>
 #include <cstring>
@@ -73,6 +74,7 @@ class GlooCommunicator final : public Communicator {
     barrier();
     send_sequence_.assign(static_cast<std::size_t>(size), 0);
     recv_sequence_.assign(static_cast<std::size_t>(size), 0);
+    attach_mailboxes();
     log().debug("gloo communicator '{}' ready: rank {} of {}", options_.prefix, rank, size);
   }
 
@@ -277,6 +279,36 @@ class GlooCommunicator final : public Communicator {
                    [&](auto& unbound) { unbound.recv(peer, kTaggedSlotBase | (tag & kTagMask)); });
   }
 
+  bool do_send_recv_on_host(std::span<const PeerMessage> sends,
+                            std::span<const PeerMessage> receives) override {
+    if (!mailboxes_) return false;
+    const auto fits = [&](const PeerMessage& m) {
+      return m.buffer.nbytes() <= mailboxes_->capacity();
+    };
+    if (!std::all_of(sends.begin(), sends.end(), fits) ||
+        !std::all_of(receives.begin(), receives.end(), fits)) {
+      return false;
+    }
+    if (aborted_.load()) {
+      throw BackendError(
+          fmt::format("send_recv on rank {} of {} (group '{}'): the communicator "
+                      "was aborted",
+                      rank(), size(), options_.prefix));
+    }
+    for (const auto& message : sends) {
+      if (message.buffer.numel > 0) count(message.buffer.nbytes());
+    }
+    try {
+      mailboxes_->exchange(sends, receives, options_.timeout, aborted_);
+    } catch (const InvalidArgument&) {
+      throw;  // nothing was sent
+    } catch (...) {
+      aborted_.store(true);  // messages may be left in mailboxes: later ones would mismatch
+      throw;
+    }
+    return true;
+  }
+
   void do_barrier() override {
     if (size() == 1) return;
     collective<::gloo::BarrierOptions>("barrier", ::gloo::barrier, [](auto& /*opts*/) {});
@@ -292,6 +324,27 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // The P-Reduce's mailboxes, set up with the communicator so that every
+  // rank decides alike, from the start, whether its messages take them. The
+  // setup's allgathers stay on the network (they must not set up the
+  // collectives' segment) and are not traffic of the caller.
+  void attach_mailboxes() {
+    if (size() == 1 || !shm_options_.enabled) return;
+    const std::int64_t sent = counters_.bytes_sent, received = counters_.bytes_received,
+                       calls = counters_.calls;
+    shm_options_.enabled = false;
+    try {
+      mailboxes_ = SharedMemoryMessages::attach(*this, options_.prefix);
+    } catch (...) {
+      shm_options_.enabled = true;
+      throw;
+    }
+    shm_options_.enabled = true;
+    counters_.bytes_sent = sent;
+    counters_.bytes_received = received;
+    counters_.calls = calls;
+  }
+
   // The shared-memory group when this call may use it. All ranks decide
   // alike (same size, same options); the first eligible call sets it up,
   // collectively.
@@ -503,6 +556,7 @@ class GlooCommunicator final : public Communicator {
   SharedMemoryOptions shm_options_;
   bool shm_attached_ = false;
   std::unique_ptr<SharedMemoryGroup> shm_;
+  std::unique_ptr<SharedMemoryMessages> mailboxes_;
 };
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include "bagua/core/logging.h"
 #include "bagua/core/timeline.h"
 #include "comm/shared_memory_control.h"
+#include "comm/shared_memory_segment.h"
 
 namespace bagua {
 
@@ -39,8 +40,6 @@ using namespace shm;
 
 namespace {
 
-constexpr std::size_t kNameBytes = 128;
-constexpr std::size_t kKeyBytes = 256;
 constexpr std::size_t kSegmentBudget = 64ULL << 20;  // all slots and results of one group
 constexpr std::size_t kReduceBlockBytes = std::size_t{16} << 10;  // a block of the reduction, in L1
 
@@ -59,13 +58,9 @@ std::size_t default_slot_bytes(int size) {
                                  std::size_t{4} << 20);
 }
 
-// A mapping of the named segment; rank 0 creates (and later unlinks) it.
-struct Mapping {
-  void* base = MAP_FAILED;
-  std::string error;
-};
+}  // namespace
 
-Mapping map_segment(const std::string& name, std::size_t bytes, bool create) {
+Mapping shm::map_segment(const std::string& name, std::size_t bytes, bool create) {
   Mapping m;
   const int fd = ::shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
   if (fd < 0) {
@@ -87,13 +82,11 @@ Mapping map_segment(const std::string& name, std::size_t bytes, bool create) {
   return m;
 }
 
-std::string unique_segment_name() {
+std::string shm::unique_segment_name(const char* kind) {
   static std::atomic<unsigned> counter{0};
   std::random_device random;
-  return fmt::format("/bagua-{}-{}-{:08x}", ::getpid(), counter++, random());
+  return fmt::format("/bagua-{}-{}-{}-{:08x}", kind, ::getpid(), counter++, random());
 }
-
-}  // namespace
 
 std::string shared_memory_host_key() {
   std::array<char, 256> host{};
@@ -106,18 +99,8 @@ std::string shared_memory_host_key() {
 
 // -- setting up ------------------------------------------------------------------
 
-namespace {
-
-// Starts the lifetime of the control block's atomics in fresh (zeroed) memory.
-template <typename Control>
-void construct_control_block(void* base, int size) {
-  auto* control = new (base) Control();
-  for (int r = 0; r < size; ++r) new (&control->rank(r)) RankState();
-}
-
-// Every rank's fixed-size record, gathered over `comm`.
-std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine,
-                                           std::size_t width) {
+std::vector<std::string> shm::allgather_strings(Communicator& comm, const std::string& mine,
+                                                std::size_t width) {
   std::vector<char> send(width, '\0'), recv(width * static_cast<std::size_t>(comm.size()));
   std::memcpy(send.data(), mine.data(), std::min(width - 1, mine.size()));
   const auto as_view = [](std::vector<char>& v) {
@@ -128,6 +111,15 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
   out.reserve(static_cast<std::size_t>(comm.size()));
   for (int r = 0; r < comm.size(); ++r) out.emplace_back(recv.data() + r * width);
   return out;
+}
+
+namespace {
+
+// Starts the lifetime of the control block's atomics in fresh (zeroed) memory.
+template <typename Control>
+void construct_control_block(void* base, int size) {
+  auto* control = new (base) Control();
+  for (int r = 0; r < size; ++r) new (&control->rank(r)) RankState();
 }
 
 // Whether every rank can read the next rank's memory with process_vm_readv
@@ -182,7 +174,7 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::attach(Communicator& comm,
       std::max(options.slot_bytes ? round_up(options.slot_bytes, kLine) : default_slot_bytes(size),
                static_cast<std::size_t>(size) * kLine);  // alltoall: a line per peer at least
   const std::size_t bytes = Control::bytes(size) + 2 * (static_cast<std::size_t>(size) + 1) * slot;
-  std::string name = rank == 0 ? unique_segment_name() : std::string();
+  std::string name = rank == 0 ? unique_segment_name("collectives") : std::string();
   Mapping mapping;
   if (rank == 0) {
     mapping = map_segment(name, bytes, /*create=*/true);

@@ -34,12 +34,13 @@ GlooOptions shared_memory_options(std::size_t slot_bytes,
   return options;
 }
 
-// Whether this process maps one of bagua's shared-memory segments.
+// Whether this process maps one of bagua's segments for collectives (a
+// communicator of ranks on one host also maps the P-Reduce's mailboxes).
 bool maps_a_segment() {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
-    if (line.find("/dev/shm/bagua-") != std::string::npos) return true;
+    if (line.find("/dev/shm/bagua-collectives-") != std::string::npos) return true;
   }
   return false;
 }

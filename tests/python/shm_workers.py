@@ -18,8 +18,10 @@ def _save(results, out_dir):
 
 
 def _maps_a_segment() -> bool:
+    """Whether this process maps a segment of the shared-memory collectives
+    (not the P-Reduce's mailboxes, which every group on one host has)."""
     with open("/proc/self/maps") as maps:
-        return any("/dev/shm/bagua-" in line for line in maps)
+        return any("/dev/shm/bagua-collectives-" in line for line in maps)
 
 
 def scenario_allreduce(out_dir):

@@ -88,6 +88,14 @@ class Communicator {
   // that cannot deadlock whatever order the peers list them in. Messages to
   // the same peer match in list order.
   void send_recv(std::span<const PeerMessage> sends, std::span<const PeerMessage> receives);
+  // As send_recv, through shared memory, when the communicator's ranks share
+  // a host and every send and receive buffer fits its mailboxes (Gloo, see
+  // bagua/comm/shared_memory_messages.h); otherwise it sends nothing and
+  // returns false. Both ends of a message must pass buffers of the sizes
+  // that lead to the same answer (the P-Reduce's exchanges do: their sizes
+  // follow from the member count and the tensor). Messages are matched by
+  // tag, as over Gloo.
+  bool send_recv_on_host(std::span<const PeerMessage> sends, std::span<const PeerMessage> receives);
   void barrier() { do_barrier(); }
 
   // P-Reduce: recv on every member = op over the members' send. Only the
@@ -176,6 +184,10 @@ class Communicator {
   virtual void do_send_recv(std::span<const PeerMessage> sends,
                             std::span<const PeerMessage> receives) = 0;
   virtual void do_barrier() = 0;
+  virtual bool do_send_recv_on_host(std::span<const PeerMessage> /*sends*/,
+                                    std::span<const PeerMessage> /*receives*/) {
+    return false;
+  }
   virtual int do_recv_any(const TensorView& buffer, std::span<const int> peers, std::uint64_t tag,
                           bool wait_forever);
   virtual void do_recv_from(const TensorView& buffer, int peer, std::uint64_t tag,
