@@ -171,6 +171,7 @@ def test_training_lr0_is_the_serial_replay(generator, overlap, world_size, tmp_p
 @pytest.mark.parametrize("generator,overlap,world_size", [
     ("static", "1", 2), ("smart", "0", 3), ("random", "1", 4), ("static", "0", 4), ("smart", "0", 8),
     ("random", "1", 7),
+    ("static", "1", 4),  # issue 44's case: uneven steps, then abort; each id once, increasing
 ])
 def test_training_conserves_the_sum_of_weights(generator, overlap, world_size, tmp_path):
     lr = 0.05
