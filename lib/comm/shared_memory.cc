@@ -113,6 +113,29 @@ std::vector<std::string> shm::allgather_strings(Communicator& comm, const std::s
   return out;
 }
 
+Mapping shm::create_shared_segment(Communicator& comm, const char* kind, std::size_t bytes,
+                                   const std::function<void(void*)>& construct) {
+  const int rank = comm.rank();
+  std::string name = rank == 0 ? unique_segment_name(kind) : std::string();
+  Mapping mapping;
+  if (rank == 0) {
+    mapping = map_segment(name, bytes, /*create=*/true);
+    if (mapping.error.empty()) construct(mapping.base);  // before any peer maps it
+  }
+  name = allgather_strings(comm, mapping.error.empty() ? name : "", kNameBytes)[0];
+  if (rank != 0 && !name.empty()) mapping = map_segment(name, bytes, /*create=*/false);
+  if (rank != 0 && name.empty()) mapping.error = "rank 0 could not create the segment";
+  const auto errors = allgather_strings(comm, mapping.error, kNameBytes);
+  if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());  // all have it open or gave up
+  const auto failed =
+      std::find_if(errors.begin(), errors.end(), [](auto& e) { return !e.empty(); });
+  if (failed != errors.end()) {
+    if (mapping.base != MAP_FAILED) ::munmap(mapping.base, bytes);
+    return Mapping{MAP_FAILED, fmt::format("rank {}: {}", failed - errors.begin(), *failed)};
+  }
+  return mapping;
+}
+
 namespace {
 
 // Starts the lifetime of the control block's atomics in fresh (zeroed) memory.
@@ -174,24 +197,12 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::attach(Communicator& comm,
       std::max(options.slot_bytes ? round_up(options.slot_bytes, kLine) : default_slot_bytes(size),
                static_cast<std::size_t>(size) * kLine);  // alltoall: a line per peer at least
   const std::size_t bytes = Control::bytes(size) + 2 * (static_cast<std::size_t>(size) + 1) * slot;
-  std::string name = rank == 0 ? unique_segment_name("collectives") : std::string();
-  Mapping mapping;
-  if (rank == 0) {
-    mapping = map_segment(name, bytes, /*create=*/true);
-    if (mapping.error.empty())
-      construct_control_block<Control>(mapping.base, size);  // before any peer maps it
-  }
-  name = allgather_strings(comm, mapping.error.empty() ? name : "", kNameBytes)[0];
-  if (rank != 0 && !name.empty()) mapping = map_segment(name, bytes, /*create=*/false);
-  if (rank != 0 && name.empty()) mapping.error = "rank 0 could not create the segment";
-  const auto errors = allgather_strings(comm, mapping.error, kNameBytes);
-  if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());  // all have it open or gave up
-  const auto failed =
-      std::find_if(errors.begin(), errors.end(), [](auto& e) { return !e.empty(); });
-  if (failed != errors.end()) {
-    if (mapping.base != MAP_FAILED) ::munmap(mapping.base, bytes);
-    log().warn("group '{}': shared-memory allreduce unavailable (rank {}: {}); using the network",
-               group_name, failed - errors.begin(), *failed);
+  const Mapping mapping = create_shared_segment(comm, "collectives", bytes, [&](void* base) {
+    construct_control_block<Control>(base, size);
+  });
+  if (!mapping.error.empty()) {
+    log().warn("group '{}': shared-memory allreduce unavailable ({}); using the network",
+               group_name, mapping.error);
     return nullptr;
   }
   const bool direct = options.direct_min_bytes > 0 && env().shared_memory_direct &&

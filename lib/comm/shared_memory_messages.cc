@@ -174,30 +174,17 @@ std::unique_ptr<SharedMemoryMessages> SharedMemoryMessages::attach(Communicator&
     return nullptr;
   }
   const std::size_t bytes = segment_bytes(size, capacity);
-  std::string name = rank == 0 ? unique_segment_name("mailboxes") : std::string();
-  Mapping mapping;
-  if (rank == 0) {
-    mapping = map_segment(name, bytes, /*create=*/true);
-    if (mapping.error.empty()) {  // the atomics' lifetimes start before any peer maps them
-      auto* at = static_cast<std::byte*>(mapping.base);
-      for (int r = 0; r < size; ++r) new (at + r * sizeof(RankLine)) RankLine();
-      at += static_cast<std::size_t>(size) * sizeof(RankLine);
-      for (int box = 0; box < size * (size - 1); ++box) {
-        new (at + static_cast<std::size_t>(box) * (sizeof(Mailbox) + capacity)) Mailbox();
-      }
+  const Mapping mapping = create_shared_segment(comm, "mailboxes", bytes, [&](void* base) {
+    auto* at = static_cast<std::byte*>(base);  // the atomics' lifetimes start here
+    for (int r = 0; r < size; ++r) new (at + r * sizeof(RankLine)) RankLine();
+    at += static_cast<std::size_t>(size) * sizeof(RankLine);
+    for (int box = 0; box < size * (size - 1); ++box) {
+      new (at + static_cast<std::size_t>(box) * (sizeof(Mailbox) + capacity)) Mailbox();
     }
-  }
-  name = allgather_strings(comm, mapping.error.empty() ? name : "", kNameBytes)[0];
-  if (rank != 0 && !name.empty()) mapping = map_segment(name, bytes, /*create=*/false);
-  if (rank != 0 && name.empty()) mapping.error = "rank 0 could not create the segment";
-  const auto errors = allgather_strings(comm, mapping.error, kNameBytes);
-  if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());  // all have it open or gave up
-  const auto failed =
-      std::find_if(errors.begin(), errors.end(), [](auto& e) { return !e.empty(); });
-  if (failed != errors.end()) {
-    if (mapping.base != MAP_FAILED) ::munmap(mapping.base, bytes);
-    log().warn("group '{}': shared-memory mailboxes unavailable (rank {}: {}); using the network",
-               group_name, failed - errors.begin(), *failed);
+  });
+  if (!mapping.error.empty()) {
+    log().warn("group '{}': shared-memory mailboxes unavailable ({}); using the network",
+               group_name, mapping.error);
     return nullptr;
   }
   log().debug("group '{}': P-Reduce messages through shared memory ({} mailboxes of {} bytes)",

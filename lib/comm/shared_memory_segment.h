@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,14 @@ Mapping map_segment(const std::string& name, std::size_t bytes, bool create);
 
 // A name no other segment of this host has: /bagua-{kind}-{pid}-...
 std::string unique_segment_name(const char* kind);
+
+// Collective over `comm`: rank 0 creates a segment of `bytes` named after
+// `kind` and calls `construct(base)` on it before any peer maps it; the
+// others map it by name; it is unlinked once all have it open. The same
+// outcome on every rank: the mapping, or, when any rank failed, no mapping
+// (released everywhere) and `error` naming that rank and why.
+Mapping create_shared_segment(Communicator& comm, const char* kind, std::size_t bytes,
+                              const std::function<void(void*)>& construct);
 
 // Every rank's fixed-size record (`width` bytes, NUL-padded), gathered over
 // `comm`. Collective.
