@@ -84,6 +84,9 @@ class GlooCommunicator final : public Communicator {
     return fmt::format("gloo {}.{}.{}", GLOO_VERSION_MAJOR, GLOO_VERSION_MINOR, GLOO_VERSION_PATCH);
   }
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
+  std::size_t host_message_capacity() const override {
+    return mailboxes_ ? mailboxes_->capacity() : 0;
+  }
 
   void abort() noexcept override {
     aborted_.store(true);
@@ -302,9 +305,12 @@ class GlooCommunicator final : public Communicator {
       mailboxes_->exchange(sends, receives, options_.timeout, aborted_);
     } catch (const InvalidArgument&) {
       throw;  // nothing was sent
-    } catch (...) {
+    } catch (const TimeoutError& e) {
       aborted_.store(true);  // messages may be left in mailboxes: later ones would mismatch
-      throw;
+      throw TimeoutError(e.what() + lost_connections());
+    } catch (const BackendError& e) {
+      aborted_.store(true);
+      throw BackendError(e.what() + lost_connections());
     }
     return true;
   }
@@ -482,15 +488,21 @@ class GlooCommunicator final : public Communicator {
       // Gloo names a failed connection by its address, and a wait that timed
       // out by nothing: say which ranks' connections are gone (a peer that
       // died makes the others wait on each other until the timeout).
-      const auto lost = lost_peers();
-      const std::string gone =
-          lost.empty() ? std::string()
-                       : fmt::format(" [connection lost to rank {}]", fmt::join(lost, ", rank "));
+      const std::string gone = lost_connections();
       if (looks_like_timeout(e.what())) {
         throw TimeoutError(fmt::format("{} timed out: {}{}", where, e.what(), gone));
       }
       throw BackendError(fmt::format("{} failed: {}{}", where, e.what(), gone));
     }
+  }
+
+  // " [connection lost to rank 2, rank 3]", or "" when every connection is
+  // healthy: appended to errors, so that a rank that waited on a survivor
+  // also names the rank that died first.
+  std::string lost_connections() {
+    const auto lost = lost_peers();
+    return lost.empty() ? std::string()
+                        : fmt::format(" [connection lost to rank {}]", fmt::join(lost, ", rank "));
   }
 
   // Runs the Gloo collective `call` (run's error translation) with options

@@ -6,7 +6,9 @@
 // here a P-Reduce is point-to-point traffic among the members on the
 // already connected mesh: a ring reduce-scatter, then a ring allgather, each
 // step one tagged send_recv with the next and previous member; a small
-// tensor instead goes to every member at once (one step). The tag
+// tensor instead goes to every member at once (one step). Among ranks of
+// one host those messages, and the ring's steps when its chunks are small
+// enough, go through shared-memory mailboxes (send_recv_on_host). The tag
 // (members and group id) keeps concurrent groups apart and turns members that
 // disagree about the group into a timeout naming it, never mixed data.
 #include <algorithm>
@@ -39,6 +41,9 @@ struct Ring {
   int me = 0;  // index of this rank in members
   std::uint64_t key = 0;
   std::uint64_t group_id = 0;
+  // Whether the ring's steps go through the shared-memory mailboxes: its
+  // largest chunk fits one (the same answer on every member).
+  bool on_host = false;
 
   int m() const { return static_cast<int>(members.size()); }
   int next() const { return members[static_cast<std::size_t>((me + 1) % m())]; }
@@ -50,7 +55,13 @@ struct Ring {
     const PeerMessage sends[] = {{send, next(), tag}};
     const PeerMessage receives[] = {{recv, prev(), tag}};
     try {
-      comm.send_recv(sends, receives);
+      if (on_host) {
+        BAGUA_CHECK_INTERNAL(
+            comm.send_recv_on_host(sends, receives),
+            "ring step {}: the chunk did not fit the mailbox its largest chunk fits", step);
+      } else {
+        comm.send_recv(sends, receives);
+      }
     } catch (const TimeoutError& e) {
       throw TimeoutError(fmt::format("{} (step {}: receiving from rank {}, sending to rank {})",
                                      e.what(), step, prev(), next()));
@@ -257,6 +268,8 @@ void Communicator::do_partial_allreduce(const TensorView& send, const TensorView
       return;
     }
     if (send.data != recv.data) std::memcpy(recv.data, send.data, send.nbytes());
+    const auto largest_chunk = static_cast<std::size_t>(chunk_of(recv.numel, ring.m(), 0).numel);
+    ring.on_host = largest_chunk * dtype_size(recv.dtype) <= host_message_capacity();
     reduce_scatter_ring(ring, recv, op);
     if (op == ReduceOp::kAvg) {
       const Chunk own = chunk_of(recv.numel, ring.m(), (ring.me + 1) % ring.m());

@@ -96,6 +96,9 @@ class Communicator {
   // follow from the member count and the tensor). Messages are matched by
   // tag, as over Gloo.
   bool send_recv_on_host(std::span<const PeerMessage> sends, std::span<const PeerMessage> receives);
+  // The largest message send_recv_on_host carries (the same on every rank);
+  // 0 when it carries none.
+  virtual std::size_t host_message_capacity() const { return 0; }
   void barrier() { do_barrier(); }
 
   // P-Reduce: recv on every member = op over the members' send. Only the
