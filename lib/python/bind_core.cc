@@ -104,6 +104,7 @@ void bind_env(py::module_& m) {
       .def_readonly("autotune_plan", &EnvConfig::autotune_plan)
       .def_readonly("check_replicas_every", &EnvConfig::check_replicas_every)
       .def_readonly("host_threads", &EnvConfig::host_threads)
+      .def_readonly("low_precision_segment", &EnvConfig::low_precision_segment)
       .def_readonly("algorithm", &EnvConfig::algorithm)
       .def_readonly("autotune_output", &EnvConfig::autotune_output)
       .def_readonly("autotune_warmup_steps", &EnvConfig::autotune_warmup_steps)

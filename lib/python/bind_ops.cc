@@ -55,19 +55,24 @@ void bind_centralized_options(py::module_& m) {
       });
   using L = CentralizedLowPrecisionOptions;
   py::class_<L>(m, "CentralizedLowPrecisionOptions")
-      .def(py::init([](bool hierarchical, bool average, bool error_feedback) {
+      .def(py::init([](bool hierarchical, bool average, bool error_feedback,
+                       std::int64_t segment_elements) {
              return L{.hierarchical = hierarchical,
                       .average = average,
-                      .error_feedback = error_feedback};
+                      .error_feedback = error_feedback,
+                      .segment_elements = segment_elements};
            }),
            py::kw_only(), py::arg("hierarchical") = L{}.hierarchical,
-           py::arg("average") = L{}.average, py::arg("error_feedback") = L{}.error_feedback)
+           py::arg("average") = L{}.average, py::arg("error_feedback") = L{}.error_feedback,
+           py::arg("segment_elements") = L{}.segment_elements)
       .def_readwrite("hierarchical", &L::hierarchical)
       .def_readwrite("average", &L::average)
       .def_readwrite("error_feedback", &L::error_feedback)
+      .def_readwrite("segment_elements", &L::segment_elements)
       .def("__repr__", [](const L& o) {
         return "CentralizedLowPrecisionOptions(hierarchical=" + flag(o.hierarchical) +
-               ", average=" + flag(o.average) + ", error_feedback=" + flag(o.error_feedback) + ")";
+               ", average=" + flag(o.average) + ", error_feedback=" + flag(o.error_feedback) +
+               ", segment_elements=" + std::to_string(o.segment_elements) + ")";
       });
   using H = CentralizedHalfPrecisionOptions;
   py::class_<H>(m, "CentralizedHalfPrecisionOptions")
@@ -432,6 +437,8 @@ void bind_low_precision_handle(py::module_& m) {
   py::class_<CentralizedLowPrecisionOp, CommOp, std::shared_ptr<CentralizedLowPrecisionOp>>(
       m, "CentralizedLowPrecisionOp")
       .def("residual_numel", &CentralizedLowPrecisionOp::residual_numel, py::arg("server"))
+      .def("pipelined_segments", &CentralizedLowPrecisionOp::pipelined_segments,
+           "Segments run by the host pipeline so far (see C_LP_S)")
       .def("copy_residual_to", &CentralizedLowPrecisionOp::copy_residual_to, py::arg("server"),
            py::arg("out"), ReleaseGil())
       .def("set_residual", &CentralizedLowPrecisionOp::set_residual, py::arg("server"),

@@ -196,26 +196,28 @@ std::vector<float> round_trip(const std::vector<float>& x, std::int64_t chunk) {
   return y;
 }
 
-// C_LP_S's result, computed serially from every rank's input: chunk j is
-// reduced by rank j from its own exact copy plus the others' round trips in
-// rank order, divided by the world when averaging, and round-tripped once
-// more for the allgather.
-std::vector<float> c_lp_s_reference(int world, std::int64_t n, int seed, bool average) {
-  const std::int64_t chunk = (n + world - 1) / world;
-  std::vector<float> out(static_cast<std::size_t>(n));
+// C_LP_S's result over elements [first, first + count) of every rank's input
+// taken as a bucket of its own, computed serially: chunk j is reduced by rank
+// j from its own exact copy plus the others' round trips in rank order,
+// divided by the world when averaging, and round-tripped once more for the
+// allgather.
+std::vector<float> c_lp_s_reference(int world, std::int64_t n, int seed, bool average,
+                                    std::int64_t first, std::int64_t count) {
+  const std::int64_t chunk = (count + world - 1) / world;
+  std::vector<float> out(static_cast<std::size_t>(count));
   for (int j = 0; j < world; ++j) {
-    const std::int64_t begin = std::min<std::int64_t>(j * chunk, n);
-    const std::int64_t count = std::min(chunk, n - begin);
-    if (count == 0) continue;
+    const std::int64_t begin = std::min<std::int64_t>(j * chunk, count);
+    const std::int64_t length = std::min(chunk, count - begin);
+    if (length == 0) continue;
     auto part = [&](int r) {
       const auto x = lp_input(r, n, seed);
-      return std::vector<float>(x.begin() + begin, x.begin() + begin + count);
+      return std::vector<float>(x.begin() + first + begin, x.begin() + first + begin + length);
     };
     std::vector<float> acc = part(j);
     for (int r = 0; r < world; ++r) {
       if (r == j) continue;
       const auto decoded = round_trip(part(r), chunk);
-      for (std::int64_t i = 0; i < count; ++i)
+      for (std::int64_t i = 0; i < length; ++i)
         acc[static_cast<std::size_t>(i)] += decoded[static_cast<std::size_t>(i)];
     }
     if (average) {
@@ -225,6 +227,10 @@ std::vector<float> c_lp_s_reference(int world, std::int64_t n, int seed, bool av
     std::copy(reduced.begin(), reduced.end(), out.begin() + begin);
   }
   return out;
+}
+
+std::vector<float> c_lp_s_reference(int world, std::int64_t n, int seed, bool average) {
+  return c_lp_s_reference(world, n, seed, average, 0, n);
 }
 
 }  // namespace
@@ -255,6 +261,82 @@ TEST_CASE("C_LP_S equals its serial reference: the own chunk exact, the others r
           }
         });
       }
+    }
+  }
+}
+
+TEST_CASE("C_LP_S in segments: each segment reduced as a bucket of its own, pipelined on the host") {
+  struct Shape {
+    std::int64_t n, segment;
+  };
+  // Short last segments, a segment of 1, a segment shorter than the world.
+  const Shape shapes[] = {{1001, 100}, {1000, 333}, {7, 3}, {13, 1}, {1001, 1000}, {4096, 512}};
+  for (int world = 1; world <= 5; ++world) {
+    for (bool average : {true, false}) {
+      CAPTURE(world);
+      CAPTURE(average);
+      testing::run_ranks(world, [&](Communicator& comm) {
+        auto bucket_comm = all_ranks(comm);
+        for (const Shape& shape : shapes) {
+          CAPTURE(shape.n);
+          CAPTURE(shape.segment);
+          auto x = lp_input(comm.rank(), shape.n, 11);
+          Bucket bucket("segments", {{"x", view_of(x)}});
+          auto op = std::make_shared<CentralizedLowPrecisionOp>(
+              bucket_comm, nullptr, DType::kFloat32,
+              CentralizedLowPrecisionOptions{.average = average, .segment_elements = shape.segment});
+          bucket.append_op(op);
+          op->execute(bucket);
+          const std::int64_t segments = (shape.n + shape.segment - 1) / shape.segment;
+          CHECK(op->pipelined_segments() == (segments > 1 ? segments : 0));
+          for (std::int64_t first = 0; first < shape.n; first += shape.segment) {
+            const std::int64_t count = std::min(shape.segment, shape.n - first);
+            const auto expected =
+                c_lp_s_reference(world, shape.n, 11, average, first, count);
+            for (std::int64_t i = 0; i < count; ++i) {
+              CAPTURE(first + i);
+              REQUIRE(x[static_cast<std::size_t>(first + i)] ==
+                      expected[static_cast<std::size_t>(i)]);
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("C_LP_S in segments, other dtypes (no pipeline): each segment as a bucket of its own") {
+  for (int world : {1, 2, 3, 5}) {
+    for (DType dtype : {DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      CAPTURE(world);
+      CAPTURE(to_string(dtype));
+      testing::run_ranks(world, [&](Communicator& comm) {
+        auto bucket_comm = all_ranks(comm);
+        const std::int64_t n = 1001, segment = 300;
+        const auto x = lp_input(comm.rank(), n, 13);
+        TypedBuffer whole(dtype, n);
+        for (std::int64_t i = 0; i < n; ++i) whole.set(i, x[static_cast<std::size_t>(i)]);
+        Bucket bucket("whole", {{"x", whole.view()}});
+        auto op = std::make_shared<CentralizedLowPrecisionOp>(
+            bucket_comm, nullptr, dtype, CentralizedLowPrecisionOptions{.segment_elements = segment});
+        bucket.append_op(op);
+        op->execute(bucket);
+        CHECK(op->pipelined_segments() == 0);
+        for (std::int64_t first = 0; first < n; first += segment) {
+          const std::int64_t count = std::min(segment, n - first);
+          TypedBuffer part(dtype, count);
+          for (std::int64_t i = 0; i < count; ++i)
+            part.set(i, x[static_cast<std::size_t>(first + i)]);
+          Bucket alone("alone", {{"x", part.view()}});
+          alone.append_op(std::make_unique<CentralizedLowPrecisionOp>(
+              bucket_comm, nullptr, dtype, CentralizedLowPrecisionOptions{}));
+          alone.ops().front()->execute(alone);
+          for (std::int64_t i = 0; i < count; ++i) {
+            CAPTURE(first + i);
+            REQUIRE(whole.get(first + i) == part.get(i));
+          }
+        }
+      });
     }
   }
 }

@@ -27,6 +27,7 @@
 //   BAGUA_ALGORITHM               name (4)      (unset: measure)    algorithm
 //   BAGUA_CHECK_REPLICAS          integer >= 1  (unset: off)        check_replicas_every
 //   BAGUA_HOST_THREADS            1 to 256      (unset: torch's)    host_threads
+//   BAGUA_LOW_PRECISION_SEGMENT   elements >= 1 524288              low_precision_segment
 //   (1) trace, debug, info, warn (warning), error (err), critical, off
 //   (2) 1, true, yes, on / 0, false, no, off (any case)
 //   (3) > 0 and <= 1e9, kept in whole milliseconds rounded up (>= 1 ms)
@@ -87,6 +88,9 @@ struct EnvConfig {
   // Threads of PowerSGD's host passes (core/host_threads.h); 0: unset, the
   // algorithm then takes torch.get_num_threads().
   std::int64_t host_threads = 0;
+  // Elements per segment of C_LP_S's pipeline (ops/centralized_low_precision.h):
+  // ByteGrad's layout, so the same on every rank.
+  std::int64_t low_precision_segment = 512 * 1024;
 };
 
 namespace detail {
@@ -204,6 +208,8 @@ inline EnvConfig read_env() {
   if (c.host_threads > 256) {
     env_invalid("BAGUA_HOST_THREADS", env_value("BAGUA_HOST_THREADS"), "an integer from 1 to 256");
   }
+  c.low_precision_segment =
+      env_positive_int("BAGUA_LOW_PRECISION_SEGMENT", c.low_precision_segment);
   c.algorithm = env_choice("BAGUA_ALGORITHM", c.algorithm,
                            {"gradient_allreduce", "bytegrad", "powersgd", "powersgd_8bit"});
   return c;

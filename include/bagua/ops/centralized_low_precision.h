@@ -15,6 +15,15 @@
 // Skipping the own chunk's round trip saves 1/n of the first compression and
 // of the decompressions in step 3, and removes one of the n quantization
 // errors of each reduced chunk.
+// Segments: a bucket longer than `segment_elements` (BAGUA_LOW_PRECISION_
+// SEGMENT) is reduced as consecutive segments of that many elements, each
+// with the steps above and its own n chunks, so a segment's result is the
+// same as a bucket of that size would give. On the host the segments run as a
+// pipeline: a TaskThread compresses segment k + 1 and decompresses segment
+// k - 1 while this thread sends segment k, so on a slow link the passes over
+// the bucket hide behind the bytes on the wire instead of adding to them.
+// Error feedback keeps whole-bucket chunks: its residuals' layout is what a
+// checkpoint holds.
 // Hierarchical: a full-precision reduce to the node leader, the above among
 // the leaders, a broadcast inside the node.
 //
@@ -31,11 +40,13 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "bagua/comm/communicator.h"
 #include "bagua/compression/chunked_layout.h"
 #include "bagua/compression/minmax_uint8_view.h"
 #include "bagua/core/env.h"
+#include "bagua/core/task_thread.h"
 #include "bagua/ops/hierarchical_op.h"
 #include "bagua/runtime/bucket.h"
 #include "bagua/runtime/compute.h"
@@ -46,6 +57,9 @@ struct CentralizedLowPrecisionOptions {
   bool hierarchical = false;
   bool average = true;
   bool error_feedback = false;
+  // Elements per segment (see above); 0: BAGUA_LOW_PRECISION_SEGMENT. Every
+  // rank must use the same value: it fixes the layout of the messages.
+  std::int64_t segment_elements = 0;
 };
 
 class CentralizedLowPrecisionOp final : public HierarchicalOp {
@@ -56,7 +70,14 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
       : HierarchicalOp("C_LP_S", std::move(global), std::move(hierarchy), options.hierarchical),
         options_(options) {
     check_compressible(dtype, "C_LP_S (append_centralized_synchronous_op)");
+    BAGUA_CHECK_ARG(options_.segment_elements >= 0,
+                    "C_LP_S: segment_elements must be >= 0 (0: the environment's), got {}",
+                    options_.segment_elements);
+    if (options_.segment_elements == 0) options_.segment_elements = env().low_precision_segment;
   }
+
+  // Segments of the host pipeline run so far (for tests and benchmarks).
+  std::int64_t pipelined_segments() const { return pipelined_segments_; }
 
   std::string_view name() const override { return "centralized_low_precision"; }
 
@@ -117,11 +138,29 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
   Residual& residual(bool server) { return server ? server_error_ : worker_error_; }
   const Residual& residual(bool server) const { return server ? server_error_ : worker_error_; }
 
+  // The bucket's segments (one without error feedback's residuals or when it
+  // is short), pipelined where that can pay: on the host, fp32, 2+ segments.
+  void scatter_reduce(Compute& c, Communicator& comm, const TensorView& data, bool average) {
+    const std::int64_t segment =
+        options_.error_feedback ? data.numel : std::min(options_.segment_elements, data.numel);
+    if (segment == data.numel) {
+      scatter_reduce_segment(c, comm, data, average);
+    } else if (c.device().type == DeviceType::kCPU && data.dtype == DType::kFloat32) {
+      pipelined_scatter_reduce(c, comm, data, average, segment);
+    } else {
+      for (std::int64_t begin = 0; begin < data.numel; begin += segment) {
+        scatter_reduce_segment(c, comm, data.slice(begin, std::min(segment, data.numel - begin)),
+                               average);
+      }
+    }
+  }
+
   // Written once for host and device: every step is a Compute call (loops on
   // the host, kernels on the communication stream on a GPU), so on a GPU the
   // tensors are compressed before they reach the communicator and only the
   // compressed bytes are staged or sent.
-  void scatter_reduce(Compute& c, Communicator& comm, const TensorView& data, bool average) {
+  void scatter_reduce_segment(Compute& c, Communicator& comm, const TensorView& data,
+                              bool average) {
     // Chunk j is elements [j * chunk, (j + 1) * chunk) of the bucket; the
     // last ones may be shorter or empty. Each has a slot of the full chunk's
     // compressed size in the exchanged buffers.
@@ -212,9 +251,116 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
     c.axpby(1.0, residual.view(c), 1.0, values);
   }
 
+  // One segment of the host pipeline: its values (fp32, in the bucket) and
+  // its slots in the exchanged buffers.
+  struct Segment {
+    TensorView values;
+    std::int64_t chunk = 0;  // elements of each rank's chunk
+    std::size_t chunk_bytes = 0;
+    std::byte* outgoing = nullptr;  // n slots, the alltoall's
+    std::byte* incoming = nullptr;  // n slots, the alltoall's, then the allgather's
+    std::byte* mine = nullptr;      // 1 slot, the reduced own chunk
+  };
+
+  // scatter_reduce_segment over each segment of `data` (fp32 on the host,
+  // no error feedback), the passes on a TaskThread, the messages here:
+  //   communication: A0 A1 G0 A2 G1 ... A(K-1) G(K-2) G(K-1)
+  //   task thread:   C0 C1 R0 C2 R1 D0 ... (C compress, R reduce, D decode)
+  // Every rank sends in the same order; each pass waits only for the message
+  // it needs, so segment k's passes run while k - 1 or k + 1 is on the wire.
+  void pipelined_scatter_reduce(Compute& c, Communicator& comm, const TensorView& data,
+                                bool average, std::int64_t segment) {
+    const std::int64_t n = comm.size();
+    const auto slots = static_cast<std::size_t>(n);
+    const int rank = comm.rank();
+    std::vector<Segment> segments;
+    std::size_t slot_bytes = 0;
+    for (std::int64_t begin = 0; begin < data.numel; begin += segment) {
+      Segment s;
+      s.values = data.slice(begin, std::min(segment, data.numel - begin));
+      s.chunk = (s.values.numel + n - 1) / n;
+      s.chunk_bytes = minmax_uint8::compressed_bytes(s.chunk);
+      slot_bytes += s.chunk_bytes;
+      segments.push_back(s);
+    }
+    // The blocks outlive the task thread (declared before it).
+    const auto outgoing = c.scratch(slot_bytes * slots);
+    const auto incoming = c.scratch(slot_bytes * slots);
+    const auto mine = c.scratch(slot_bytes);
+    std::size_t offset = 0;
+    for (Segment& s : segments) {
+      s.outgoing = bytes_of(outgoing) + offset * slots;
+      s.incoming = bytes_of(incoming) + offset * slots;
+      s.mine = bytes_of(mine) + offset;
+      offset += s.chunk_bytes;
+    }
+
+    TaskThread passes;
+    const auto timeout = env().comm_timeout;
+    const auto segment_name = [&](std::size_t k) {
+      return fmt::format("C_LP_S rank {} segment {} of {}", rank, k, segments.size());
+    };
+    const auto compress = [&](std::size_t k) {
+      return passes.submit([&, k] {
+        compress_others_with_feedback(c, rank, segments[k].values, segments[k].chunk,
+                                      segments[k].outgoing);
+      });
+    };
+    const auto alltoall = [&](std::size_t k, std::int64_t compressed) {
+      passes.wait(compressed, timeout, segment_name(k));
+      const Segment& s = segments[k];
+      comm.alltoall(raw_bytes(c, s.outgoing, s.chunk_bytes * slots),
+                    raw_bytes(c, s.incoming, s.chunk_bytes * slots));
+      return passes.submit([&, k, average] { reduce_own_chunk(c, rank, n, segments[k], average); });
+    };
+    const auto allgather = [&](std::size_t k, std::int64_t reduced) {
+      passes.wait(reduced, timeout, segment_name(k));
+      const Segment& s = segments[k];
+      comm.allgather(raw_bytes(c, s.mine, s.chunk_bytes),
+                     raw_bytes(c, s.incoming, s.chunk_bytes * slots));
+      return passes.submit([&, k] {
+        c.decompress(segments[k].incoming, segments[k].chunk, segments[k].values, false);
+      });
+    };
+
+    std::int64_t next_compressed = compress(0);
+    std::int64_t previous_reduced = -1;
+    std::int64_t last_decoded = -1;
+    for (std::size_t k = 0; k < segments.size(); ++k) {
+      const std::int64_t compressed = next_compressed;
+      if (k + 1 < segments.size()) next_compressed = compress(k + 1);
+      const std::int64_t reduced = alltoall(k, compressed);
+      if (k > 0) last_decoded = allgather(k - 1, previous_reduced);
+      previous_reduced = reduced;
+    }
+    last_decoded = allgather(segments.size() - 1, previous_reduced);
+    passes.wait(last_decoded, timeout, segment_name(segments.size() - 1));
+    pipelined_segments_ += static_cast<std::int64_t>(segments.size());
+  }
+
+  // Segment s's step 3 on this rank: the others' copies of its own chunk,
+  // decompressed in rank order onto its exact copy, averaged, compressed.
+  static void reduce_own_chunk(Compute& c, int rank, std::int64_t n, const Segment& s,
+                               bool average) {
+    const std::int64_t begin = std::min(rank * s.chunk, s.values.numel);
+    const TensorView reduced = s.values.slice(begin, std::min(s.chunk, s.values.numel - begin));
+    for (std::int64_t j = 0; j < n; ++j) {
+      if (j == rank) continue;
+      c.decompress(s.incoming + static_cast<std::size_t>(j) * s.chunk_bytes, s.chunk, reduced,
+                   true);
+    }
+    if (average) c.divide(reduced, n);
+    c.compress(reduced, s.chunk, s.mine);
+  }
+
+  static TensorView raw_bytes(const Compute& c, std::byte* data, std::size_t bytes) {
+    return TensorView{data, static_cast<std::int64_t>(bytes), DType::kUInt8, c.device()};
+  }
+
   CentralizedLowPrecisionOptions options_;
   Residual worker_error_;
   Residual server_error_;
+  std::int64_t pipelined_segments_ = 0;
 };
 
 }  // namespace bagua
