@@ -1,6 +1,7 @@
 """bagua's algorithms as PyTorch DDP communication hooks
 (bagua.torch_api.ddp_hooks, hook_workers.py): ByteGrad's hook gives
-with_bagua's ByteGrad bit for bit on the same bucket at worlds 1-4;
+with_bagua's ByteGrad bit for bit on the same bucket at worlds 1-4, and in
+segments (BAGUA_LOW_PRECISION_SEGMENT) at worlds 2-3;
 PowerSGD's hook (full precision and 8-bit) gives with_bagua's PowerSGD bit
 for bit at worlds 1-3, and its state saved and loaded resumes bit for bit;
 the digits MLP trained through each hook reaches DDP's accuracy within 1.5
@@ -27,6 +28,24 @@ def test_bytegrad_hook_equals_with_bagua(world_size, tmp_path):
             assert torch.equal(a, b), f"rank {rank} tensor {i}: gradient_as_bucket_view=True changed the bits"
         for a, b in zip(result["hook"], results[0]["hook"]):
             assert torch.equal(a, b), f"rank {rank}: replicas differ"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bytegrad_in_segments_hook_equals_with_bagua(world_size, tmp_path):
+    """BAGUA_LOW_PRECISION_SEGMENT=1000 cuts the 3605-element bucket into 4
+    segments, each reduced with chunks of its own (pipelined on the host): the
+    hook and with_bagua still agree bit for bit, and the numbers are not the
+    whole bucket's (the setting took effect)."""
+    whole = run_workers("equal", world_size, tmp_path / "whole", script=SCRIPT)
+    parts = run_workers("equal", world_size, tmp_path / "parts", script=SCRIPT,
+                        extra_env={"BAGUA_LOW_PRECISION_SEGMENT": "1000"})
+    for rank, result in enumerate(parts):
+        for i, (a, b) in enumerate(zip(result["hook"], result["bagua"])):
+            assert torch.equal(a, b), f"rank {rank} tensor {i}: in segments, the hook's ByteGrad is not with_bagua's"
+        for a, b in zip(result["hook"], parts[0]["hook"]):
+            assert torch.equal(a, b), f"rank {rank}: replicas differ"
+        assert any(not torch.equal(a, b) for a, b in zip(result["hook"], whole[rank]["hook"])), \
+            "the segments gave the whole bucket's numbers: BAGUA_LOW_PRECISION_SEGMENT was not applied"
 
 
 def test_hooks_train_digits_as_ddp(tmp_path):

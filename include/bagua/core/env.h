@@ -27,7 +27,7 @@
 //   BAGUA_ALGORITHM               name (4)      (unset: measure)    algorithm
 //   BAGUA_CHECK_REPLICAS          integer >= 1  (unset: off)        check_replicas_every
 //   BAGUA_HOST_THREADS            1 to 256      (unset: torch's)    host_threads
-//   BAGUA_LOW_PRECISION_SEGMENT   elements >= 1 524288              low_precision_segment
+//   BAGUA_LOW_PRECISION_SEGMENT   elements >= 1 1048576             low_precision_segment
 //   (1) trace, debug, info, warn (warning), error (err), critical, off
 //   (2) 1, true, yes, on / 0, false, no, off (any case)
 //   (3) > 0 and <= 1e9, kept in whole milliseconds rounded up (>= 1 ms)
@@ -90,7 +90,7 @@ struct EnvConfig {
   std::int64_t host_threads = 0;
   // Elements per segment of C_LP_S's pipeline (ops/centralized_low_precision.h):
   // ByteGrad's layout, so the same on every rank.
-  std::int64_t low_precision_segment = 512 * 1024;
+  std::int64_t low_precision_segment = 1024 * 1024;
 };
 
 namespace detail {
