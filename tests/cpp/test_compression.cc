@@ -265,7 +265,8 @@ TEST_CASE("C_LP_S equals its serial reference: the own chunk exact, the others r
   }
 }
 
-TEST_CASE("C_LP_S in segments: each segment reduced as a bucket of its own, pipelined on the host") {
+TEST_CASE(
+    "C_LP_S in segments: each segment reduced as a bucket of its own, pipelined on the host") {
   struct Shape {
     std::int64_t n, segment;
   };
@@ -284,15 +285,15 @@ TEST_CASE("C_LP_S in segments: each segment reduced as a bucket of its own, pipe
           Bucket bucket("segments", {{"x", view_of(x)}});
           auto op = std::make_shared<CentralizedLowPrecisionOp>(
               bucket_comm, nullptr, DType::kFloat32,
-              CentralizedLowPrecisionOptions{.average = average, .segment_elements = shape.segment});
+              CentralizedLowPrecisionOptions{.average = average,
+                                             .segment_elements = shape.segment});
           bucket.append_op(op);
           op->execute(bucket);
           const std::int64_t segments = (shape.n + shape.segment - 1) / shape.segment;
           CHECK(op->pipelined_segments() == (segments > 1 ? segments : 0));
           for (std::int64_t first = 0; first < shape.n; first += shape.segment) {
             const std::int64_t count = std::min(shape.segment, shape.n - first);
-            const auto expected =
-                c_lp_s_reference(world, shape.n, 11, average, first, count);
+            const auto expected = c_lp_s_reference(world, shape.n, 11, average, first, count);
             for (std::int64_t i = 0; i < count; ++i) {
               CAPTURE(first + i);
               REQUIRE(x[static_cast<std::size_t>(first + i)] ==
@@ -302,6 +303,27 @@ TEST_CASE("C_LP_S in segments: each segment reduced as a bucket of its own, pipe
         }
       });
     }
+  }
+}
+
+TEST_CASE("C_LP_S: a segment that differs between ranks is an error on every rank") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    testing::run_ranks(world, [&](Communicator& comm) {
+      auto bucket_comm = all_ranks(comm);
+      auto x = lp_input(comm.rank(), 1000, 5);
+      const auto before = x;
+      Bucket bucket("mismatched", {{"x", view_of(x)}});
+      // rank 1 alone cuts the bucket in two; the others would send it whole
+      auto op = std::make_shared<CentralizedLowPrecisionOp>(
+          bucket_comm, nullptr, DType::kFloat32,
+          CentralizedLowPrecisionOptions{.segment_elements = comm.rank() == 1 ? 500 : 4096});
+      bucket.append_op(op);
+      CHECK_THROWS_WITH_AS(op->execute(bucket),
+                           doctest::Contains("BAGUA_LOW_PRECISION_SEGMENT) on rank"),
+                           InvalidArgument);
+      CHECK(x == before);  // nothing was sent or written
+    });
   }
 }
 
@@ -318,7 +340,8 @@ TEST_CASE("C_LP_S in segments, other dtypes (no pipeline): each segment as a buc
         for (std::int64_t i = 0; i < n; ++i) whole.set(i, x[static_cast<std::size_t>(i)]);
         Bucket bucket("whole", {{"x", whole.view()}});
         auto op = std::make_shared<CentralizedLowPrecisionOp>(
-            bucket_comm, nullptr, dtype, CentralizedLowPrecisionOptions{.segment_elements = segment});
+            bucket_comm, nullptr, dtype,
+            CentralizedLowPrecisionOptions{.segment_elements = segment});
         bucket.append_op(op);
         op->execute(bucket);
         CHECK(op->pipelined_segments() == 0);

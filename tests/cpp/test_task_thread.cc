@@ -63,7 +63,10 @@ TEST_CASE("task thread: the destructor runs the queued tasks before it joins") {
   std::atomic<int> ran{0};
   {
     TaskThread tasks;
-    tasks.submit([&] { std::this_thread::sleep_for(20ms); ++ran; });
+    tasks.submit([&] {
+      std::this_thread::sleep_for(20ms);
+      ++ran;
+    });
     for (int i = 0; i < 10; ++i) tasks.submit([&] { ++ran; });
   }
   CHECK(ran.load() == 11);

@@ -141,6 +141,11 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
   // The bucket's segments (one without error feedback's residuals or when it
   // is short), pipelined where that can pay: on the host, fp32, 2+ segments.
   void scatter_reduce(Compute& c, Communicator& comm, const TensorView& data, bool average) {
+    if (!segment_agreed_) {  // one rank's other segment would misalign every message after it
+      comm.verify_same_call("C_LP_S: elements per segment (BAGUA_LOW_PRECISION_SEGMENT)",
+                            TensorView{nullptr, options_.segment_elements, DType::kFloat32, {}});
+      segment_agreed_ = true;
+    }
     const std::int64_t segment =
         options_.error_feedback ? data.numel : std::min(options_.segment_elements, data.numel);
     if (segment == data.numel) {
@@ -361,6 +366,7 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
   Residual worker_error_;
   Residual server_error_;
   std::int64_t pipelined_segments_ = 0;
+  bool segment_agreed_ = false;  // checked across the ranks on the first execution
 };
 
 }  // namespace bagua
