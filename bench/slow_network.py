@@ -119,9 +119,10 @@ def build_model(name="mlp"):
     return mlp(INPUT, 2048, 2048, CLASSES) if name == "mlp" else mlp(INPUT, 1024, 2048, 1024, CLASSES)
 
 
-def make_run(kind, rank_r, lr, model_name="mlp", seed=0):
+def make_run(kind, rank_r, lr, model_name="mlp", seed=0, bucket_view=False):
     """(model, optimizer) for one kind; every kind starts from the same
-    weights (those of ``seed``)."""
+    weights (those of ``seed``). ``bucket_view``: every DDP kind with
+    ``gradient_as_bucket_view=True`` (no copies into and out of its buckets)."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
@@ -140,10 +141,11 @@ def make_run(kind, rank_r, lr, model_name="mlp", seed=0):
             import torch.distributed as dist
 
             dist._DEFAULT_FIRST_BUCKET_BYTES, default = 1 << 30, dist._DEFAULT_FIRST_BUCKET_BYTES
-            model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)
+            model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024,
+                                                              gradient_as_bucket_view=bucket_view)
             dist._DEFAULT_FIRST_BUCKET_BYTES = default
         else:
-            model = torch.nn.parallel.DistributedDataParallel(model)
+            model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=bucket_view)
         if kind == "ddp_fp16_hook":
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif kind == "ddp_powersgd_hook":
@@ -354,7 +356,8 @@ def worker(args):
     batches, test = rank_batches(rank, world, args.batch)
     global START_ITER
     START_ITER = args.start_iter
-    runs = {kind: make_run(kind, args.rank, args.lr, args.model) for kind in args.kinds.split(",")}
+    runs = {kind: make_run(kind, args.rank, args.lr, args.model, bucket_view=args.bucket_view)
+            for kind in args.kinds.split(",")}
     math = factor_math(next(iter(runs.values()))[0], args.rank)
     clock = timeline.get(rank)  # with --breakdown (BAGUA_TIMELINE set)
     samples, windows = interleaved_windows(runs, batches, args.steps, clock, {"comm_op": comm_op_seconds})
@@ -488,6 +491,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--breakdown", action="store_true",
                         help="record a timeline (BAGUA_TIMELINE) and print where each bagua kind's step went")
+    parser.add_argument("--bucket-view", action="store_true",
+                        help="every DDP kind with gradient_as_bucket_view=True (its gradients are views of its buckets)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "slow_network.json"))
     parser.add_argument("--plot", default=None, help="also draw the plot there (with --plot-only, default "
@@ -511,7 +516,7 @@ def main():
     worker_args = ["--kinds", args.kinds, "--rank", str(args.rank), "--start-iter", str(args.start_iter),
                    "--steps", str(args.steps),
                    "--skip-steps", str(args.skip_steps), "--batch", str(args.batch), "--lr", str(args.lr),
-                   "--model", args.model]
+                   "--model", args.model] + (["--bucket-view"] if args.bucket_view else [])
     report = {"machine": machine(), "config": vars(args), "rates": {}, "factor_math": {}}
     with tempfile.TemporaryDirectory() as tmp:
         if args.breakdown:
