@@ -188,12 +188,7 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
 
     // The own chunk, still exact in `work`, is the accumulator.
     const TensorView reduced = work.slice(std::min(comm.rank() * chunk, data.numel), my_count);
-    for (std::int64_t j = 0; j < n; ++j) {
-      if (j == comm.rank()) continue;
-      c.decompress(bytes_of(incoming) + static_cast<std::size_t>(j) * chunk_bytes, chunk, reduced,
-                   true);
-    }
-    if (average) c.divide(reduced, n);
+    add_others_copies(c, comm.rank(), n, bytes_of(incoming), chunk, reduced, average);
 
     const auto mine = c.scratch(chunk_bytes);
     compress_with_feedback(c, server_error_, reduced, chunk, bytes_of(mine));
@@ -349,13 +344,21 @@ class CentralizedLowPrecisionOp final : public HierarchicalOp {
                                bool average) {
     const std::int64_t begin = std::min(rank * s.chunk, s.values.numel);
     const TensorView reduced = s.values.slice(begin, std::min(s.chunk, s.values.numel - begin));
+    add_others_copies(c, rank, n, s.incoming, s.chunk, reduced, average);
+    c.compress(reduced, s.chunk, s.mine);
+  }
+
+  // Step 3's sum: the other ranks' copies of this rank's chunk (n slots of
+  // `chunk` elements compressed, in `incoming`), decompressed in rank order
+  // onto `reduced`, the exact own copy; then divided by n when averaging.
+  static void add_others_copies(Compute& c, int rank, std::int64_t n, const std::byte* incoming,
+                                std::int64_t chunk, const TensorView& reduced, bool average) {
+    const std::size_t chunk_bytes = minmax_uint8::compressed_bytes(chunk);
     for (std::int64_t j = 0; j < n; ++j) {
       if (j == rank) continue;
-      c.decompress(s.incoming + static_cast<std::size_t>(j) * s.chunk_bytes, s.chunk, reduced,
-                   true);
+      c.decompress(incoming + static_cast<std::size_t>(j) * chunk_bytes, chunk, reduced, true);
     }
     if (average) c.divide(reduced, n);
-    c.compress(reduced, s.chunk, s.mine);
   }
 
   static TensorView raw_bytes(const Compute& c, std::byte* data, std::size_t bytes) {
