@@ -154,6 +154,77 @@ def scenario_digits(out_dir, epochs="12"):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+class _Branchy(torch.nn.Module):
+    """A body and a branch the forward uses on even steps only (DDP with
+    find_unused_parameters=True then reduces a zero gradient for it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 120), torch.nn.Tanh(), torch.nn.Linear(120, 5))
+        self.branch = torch.nn.Linear(16, 5)
+
+    def forward(self, x, step):
+        return self.body(x) + self.branch(x) if step % 2 == 0 else self.body(x)
+
+
+def _hooked_pair_member(name):
+    """Model ``a`` (three layers, several DDP buckets) or ``b`` (_Branchy,
+    find_unused_parameters=True), each with a ByteGrad hook state of its own."""
+    torch.manual_seed({"a": 11, "b": 12}[name])
+    if name == "a":
+        module = torch.nn.Sequential(torch.nn.Linear(16, 200), torch.nn.ReLU(), torch.nn.Linear(200, 150),
+                                     torch.nn.ReLU(), torch.nn.Linear(150, 5))
+    else:
+        module = _Branchy()
+    ddp = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=0.05, find_unused_parameters=(name == "b"))
+    state = ddp_hooks.ByteGradState(module)
+    ddp.register_comm_hook(state, ddp_hooks.bytegrad_hook)
+    return ddp, torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9), state
+
+
+def _train_hooked(names, rank, steps=8):
+    """Trains the models ``names`` (a subset of a, b) in one process, with
+    their backwards interleaved as a GAN's or a distillation loop's are:
+    A's then B's, B's then A's, one backward of A's and B's losses summed,
+    and at step 3 a first micro-batch under no_sync(). Every rank and every
+    subset draws the same batches. Returns each model's weights and how many
+    buckets its hook reduced."""
+    models = {n: _hooked_pair_member(n) for n in names}
+    g = torch.Generator().manual_seed(70 + rank)
+
+    def loss(n, step, x, y):
+        ddp = models[n][0]
+        return F.cross_entropy(ddp(x) if n == "a" else ddp(x, step), y)
+
+    for step in range(steps):
+        data = {n: [(torch.randn(8, 16, generator=g), torch.randint(0, 5, (8,), generator=g)) for _ in range(2)]
+                for n in "ab"}
+        for n in names:
+            models[n][1].zero_grad()
+        if step == 3:
+            for n in names:
+                with models[n][0].no_sync():
+                    loss(n, step, *data[n][0]).backward()
+        if len(names) == 2 and step % 3 == 0 and step != 3:
+            (loss("a", step, *data["a"][1]) + loss("b", step, *data["b"][1])).backward()
+        else:
+            for n in (list(reversed(names)) if step % 2 else names):
+                loss(n, step, *data[n][1]).backward()
+        for n in names:
+            models[n][1].step()
+    return {n: {"weights": [p.detach().clone() for p in models[n][0].module.parameters()],
+                "bucket_runs": sum(models[n][2].bucket_runs.values())} for n in names}
+
+
+def scenario_two_models(out_dir):
+    """Two DDP models with ByteGrad hooks in one process (interleaved and
+    combined backwards, no_sync, an unused branch) against each alone."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    torch.save({"together": _train_hooked(["a", "b"], rank), "a": _train_hooked(["a"], rank)["a"],
+                "b": _train_hooked(["b"], rank)["b"]}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -1,7 +1,8 @@
 """bagua's algorithms as PyTorch DDP communication hooks
 (bagua.torch_api.ddp_hooks, hook_workers.py): ByteGrad's hook gives
 with_bagua's ByteGrad bit for bit on the same bucket at worlds 1-4, and in
-segments (BAGUA_LOW_PRECISION_SEGMENT) at worlds 2-3;
+segments (BAGUA_LOW_PRECISION_SEGMENT) at worlds 2-3; two hooked DDPs in one
+process, their backwards interleaved, end as each alone;
 PowerSGD's hook (full precision and 8-bit) gives with_bagua's PowerSGD bit
 for bit at worlds 1-3, and its state saved and loaded resumes bit for bit;
 the digits MLP trained through each hook reaches DDP's accuracy within 1.5
@@ -46,6 +47,24 @@ def test_bytegrad_in_segments_hook_equals_with_bagua(world_size, tmp_path):
             assert torch.equal(a, b), f"rank {rank}: replicas differ"
         assert any(not torch.equal(a, b) for a, b in zip(result["hook"], whole[rank]["hook"])), \
             "the segments gave the whole bucket's numbers: BAGUA_LOW_PRECISION_SEGMENT was not applied"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_two_hooked_models_in_one_process_equal_each_alone(world_size, tmp_path):
+    """Two DDPs with a ByteGrad hook state each, trained in one process
+    with their backwards interleaved in both orders and once summed into
+    one backward, a no_sync() micro-batch and an unused branch: each ends
+    bit for bit where it ends trained alone, replicas equal, and each hook
+    reduced as many buckets as alone."""
+    results = run_workers("two_models", world_size, tmp_path, script=SCRIPT)
+    for rank, result in enumerate(results):
+        for name in ("a", "b"):
+            together, alone = result["together"][name], result[name]
+            for i, (x, y) in enumerate(zip(together["weights"], alone["weights"])):
+                assert torch.equal(x, y), f"rank {rank} model {name} tensor {i}: trained beside the other, it differs"
+            for i, (x, y) in enumerate(zip(together["weights"], results[0]["together"][name]["weights"])):
+                assert torch.equal(x, y), f"rank {rank} model {name} tensor {i}: replicas differ"
+            assert together["bucket_runs"] == alone["bucket_runs"] > 0, (name, together, alone)
 
 
 def test_hooks_train_digits_as_ddp(tmp_path):
