@@ -101,6 +101,11 @@ class _HookState:
         if not group.is_member():
             raise InvalidArgumentError(f"{type(self).__name__}: this rank is not in the DDP's process group")
         self.group = group.engine_group()  # connections of its own
+        # The ops' connection too, now, on the training thread: made on the
+        # communication thread at the first bucket, two states' threads
+        # rendezvous through torch's store at once, which on torch 1.13 timed
+        # out in the first backward of two hooked DDPs (test_ddp_hooks.py).
+        self.group.get_bucket_communicator()
         # Parameter names (the module's, for state keyed by name), else positions.
         named = list(module.named_parameters()) if module is not None else []
         self._names = {id(p): n for n, p in named}
