@@ -22,6 +22,7 @@ TORCH2_TESTS=(test_registry.py test_compile.py test_lightning.py test_loops.py t
   test_fused_optimizer.py::test_set_to_none_gradients_still_give_steps_result
   test_ddp_hooks.py::test_hooks_train_digits_as_ddp test_ddp_hooks.py::test_bytegrad_hook_equals_with_bagua
   test_ddp_hooks.py::test_two_hooked_models_in_one_process_equal_each_alone
+  test_ddp_hooks.py::test_hooks_under_join_equal_zero_gradient_padding
   test_trainer.py)
 background=()  # process groups of the background builds
 package=""     # where the packaging check installs

@@ -225,6 +225,53 @@ def scenario_two_models(out_dir):
                 "b": _train_hooked(["b"], rank)["b"]}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def _uneven_run(hook, rank, world, join):
+    """Rank r trains on 3 + 2 r batches through a DDP with bagua's ``hook``.
+    ``join``: under torch's Join, where a rank out of data shadows the
+    others' buckets with zeros through the hook. Otherwise the reference: a
+    rank out of data runs backwards of zero gradients (no optimizer step)
+    until the longest rank is done, which is what Join stands for."""
+    from torch.distributed.algorithms.join import Join
+
+    torch.manual_seed(5)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(module)
+    if hook == "bytegrad":
+        ddp.register_comm_hook(ddp_hooks.ByteGradState(module), ddp_hooks.bytegrad_hook)
+    else:
+        ddp.register_comm_hook(ddp_hooks.PowerSGDState(module, rank=1, start_iter=2), ddp_hooks.powersgd_hook)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(40 + rank)
+    batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+               for _ in range(3 + 2 * rank)]
+    if join:
+        with Join([ddp]):
+            for x, y in batches:
+                opt.zero_grad()
+                F.cross_entropy(ddp(x), y).backward()
+                opt.step()
+    else:
+        for step in range(3 + 2 * (world - 1)):
+            x, y = batches[min(step, len(batches) - 1)]
+            opt.zero_grad()
+            loss = F.cross_entropy(ddp(x), y)
+            if step < len(batches):
+                loss.backward()
+                opt.step()
+            else:
+                (0 * loss).backward()
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def scenario_join(out_dir, hook):
+    """Uneven data under torch's Join through bagua's hook, against the
+    padded reference (see _uneven_run)."""
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    torch.save({"joined": _uneven_run(hook, rank, world, True), "padded": _uneven_run(hook, rank, world, False)},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -87,7 +87,7 @@ def run_workers(scenario: str, world_size: int, out_dir: Path, local_size: int =
             failed.append((rank, code))
     if failed:
         logs = "\n".join(f"--- rank {r} (result saved: {(out_dir / f'rank{r}.pt').exists()}) ---\n"
-                         + (out_dir / f"rank{r}.log").read_text()[-6000:] for r in range(world_size))
+                         + (out_dir / f"rank{r}.log").read_text(errors="replace")[-6000:] for r in range(world_size))
         raise AssertionError(f"scenario {scenario} on {world_size} ranks failed: {failed}\n{logs}")
     return [None if r in may_fail and not (out_dir / f"rank{r}.pt").exists()
             else torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

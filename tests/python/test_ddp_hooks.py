@@ -67,6 +67,24 @@ def test_two_hooked_models_in_one_process_equal_each_alone(world_size, tmp_path)
             assert together["bucket_runs"] == alone["bucket_runs"] > 0, (name, together, alone)
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("hook", ["bytegrad", "powersgd"])
+def test_hooks_under_join_equal_zero_gradient_padding(world_size, hook, tmp_path):
+    """Uneven data under torch.distributed.algorithms.join.Join: a rank out
+    of data runs the hook on DDP's zero buckets (another buffer each time).
+    The ops stay the same on every rank, so every rank ends bit for bit where
+    the longest one ends when the others pad with backwards of zero gradients
+    (Join then hands every rank the last joiner's model); the
+    bucket is cut into segments (checked once per op across the ranks), where
+    a new op on the joined rank alone was refused."""
+    results = run_workers("join", world_size, tmp_path, script=SCRIPT, args=(hook,),
+                          extra_env={"BAGUA_LOW_PRECISION_SEGMENT": "300"}, timeout=180)
+    reference = results[-1]["padded"]  # Join ends with the last joiner's model on every rank
+    for rank, result in enumerate(results):
+        for i, (a, b) in enumerate(zip(result["joined"], reference)):
+            assert torch.equal(a, b), f"rank {rank} tensor {i}: under Join it ends elsewhere than with zero padding"
+
+
 def test_hooks_train_digits_as_ddp(tmp_path):
     results = run_workers("digits", 2, tmp_path, script=SCRIPT)
     for rank, result in enumerate(results):

@@ -55,16 +55,31 @@ class _HookBucket:
         self.in_place = in_place(values, order)
         self.flat = values if self.in_place else torch.zeros(values.numel(), dtype=values.dtype,
                                                              device=values.device)
-        ours = [shapes[i] for i in order]
-        numels = [int(torch.Size(s).numel()) for s in ours]
-        self.views = [v.view(s) for v, s in zip(self.flat.split(numels), ours)]
+        self.shapes = [shapes[i] for i in order]
+        self.numels = [int(torch.Size(s).numel()) for s in self.shapes]
+        self.views = self._views_of(self.flat)
         self.names = [f"{name}/{names[i]}" for i in order]
         self.bucket = core.Bucket(name, [(n, tensor_view(v, allow_cuda=True)) for n, v in zip(self.names, self.views)])
         self.op = append_op(self.bucket, self.views, [names[i] for i in order])
         self.backend = core.Backend(rank)
         self.backend.register_ordered_buckets([self.bucket])
 
+    def _views_of(self, flat: torch.Tensor):
+        return [v.view(s) for v, s in zip(flat.split(self.numels), self.shapes)]
+
+    def _rebind(self, values: torch.Tensor) -> None:
+        """The op, in place, works on ``values`` from now on: another buffer
+        of the same layout (DDP's zero buckets for a rank that has joined,
+        a bucket DDP rebuilt the same). The op and its state stay: every rank
+        keeps running the same ops in the same order."""
+        self.flat = values  # holds the memory while the op's views point at it
+        self.views = self._views_of(values)
+        for name, view in zip(self.names, self.views):
+            self.backend.rebind_tensor(name, tensor_view(view, allow_cuda=True))
+
     def run(self, values: torch.Tensor, gradients) -> torch.Tensor:
+        if self.in_place and values.data_ptr() != self.flat.data_ptr():
+            self._rebind(values)
         if not self.in_place:
             for view, i in zip(self.views, self.order):
                 view.copy_(gradients[i])
@@ -131,9 +146,13 @@ class _HookState:
         names = [self._names.get(id(p), f"{grad_bucket.index()}.{i}") for i, p in enumerate(params)]
         # bagua's order: reverse module order (without the module: DDP's own)
         order = sorted(range(len(params)), key=lambda i: -self._positions.get(id(params[i]), -i))
-        # the buffer's address too: an op in place on it must not outlive it
-        key = (grad_bucket.index(), values.numel(), values.dtype, values.device, tuple(names),
-               values.data_ptr())
+        # The layout, not the buffer: a bucket of the same layout in another
+        # buffer (DDP's zero buckets on a rank that has joined, under
+        # torch.distributed.algorithms.join.Join) runs the same op, moved to
+        # that buffer (_HookBucket.run). A new op on one rank only would set
+        # its ranks' ops out of step: a refused or mismatched collective, or
+        # PowerSGD's state started afresh on that rank alone.
+        key = (grad_bucket.index(), values.numel(), values.dtype, values.device, tuple(names))
         future: torch.futures.Future = torch.futures.Future()
         self._queue.put((key, values, grad_bucket.gradients(), shapes, names, order, grad_bucket.index() == 0,
                          future))
@@ -151,8 +170,8 @@ class _HookState:
                 hook_bucket = self._buckets.get(key)
                 if hook_bucket is None:
                     # DDP rebuilds its buckets after the first iteration: a
-                    # new index, layout or buffer gets a bagua bucket of its
-                    # own, in place of the index's old one.
+                    # new index or layout gets a bagua bucket of its own, in
+                    # place of the index's old one (on every rank alike).
                     self._buckets = {k: b for k, b in self._buckets.items() if k[0] != key[0]}
                     hook_bucket = self._buckets[key] = _HookBucket(
                         f"ddp_bucket{key[0]}_{key[1]}", values, shapes, names, order, self.append_op,
