@@ -234,6 +234,19 @@ void Communicator::verify_same_call(std::string_view op, const TensorView& tenso
   const auto field = [&](int r, int f) {
     return all[static_cast<std::size_t>(r) * kFields + static_cast<std::size_t>(f)];
   };
+  // A refusal flag other than 0 or 1 is not a check's: that rank sent the
+  // bytes of another collective, so the ranks' calls are out of step. No
+  // further collective can pair up; this rank stops here, naming them.
+  std::vector<int> out_of_step;
+  for (int r = 0; r < size(); ++r) {
+    if (field(r, 4) != 0 && field(r, 4) != 1) out_of_step.push_back(r);
+  }
+  if (!out_of_step.empty()) {
+    throw InvalidArgument(fmt::format(
+        "{} on rank {} of {}: {} {} sent something other than this check: the ranks' "
+        "collectives are out of step (one runs another collective here)",
+        op, rank(), size(), out_of_step.size() == 1 ? "rank" : "ranks", fmt::join(out_of_step, ", ")));
+  }
   bool refused = false;
   for (int r = 0; r < size(); ++r) refused = refused || field(r, 4) != 0;
   if (refused) raise_refusals(op, refusal);

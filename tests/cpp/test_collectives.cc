@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -246,6 +247,27 @@ TEST_CASE("verify_same_call turns different sizes on different ranks into an err
     std::vector<float> data(4);
     comm.verify_same_call("allreduce", TensorView{data.data(), 4, DType::kFloat32, {}});
   });
+}
+
+TEST_CASE("verify_same_call against another collective names the ranks out of step") {
+  // Rank 1 runs an allgather of the check's size whose bytes are not a check
+  // (as a rank that runs a new op's check alone meets the others' data).
+  auto errors = testing::run_ranks_collect_errors(2, [&](Communicator& comm) {
+    if (comm.rank() == 1) {
+      std::array<std::int64_t, 5> payload{7, 7, 7, 7, 0x5a5a5a5a5a5a};
+      std::vector<std::int64_t> gathered(10);
+      comm.allgather(TensorView{payload.data(), 5, DType::kInt64, {}},
+                     TensorView{gathered.data(), 10, DType::kInt64, {}});
+      return;
+    }
+    std::vector<float> data(4);
+    comm.verify_same_call("C_LP_S: segment", TensorView{data.data(), 4, DType::kFloat32, {}});
+  });
+  CAPTURE(errors[0]);
+  CHECK(errors[0].find("C_LP_S: segment on rank 0 of 2: rank 1 sent something other than this check") !=
+        std::string::npos);
+  CHECK(errors[0].find("out of step") != std::string::npos);
+  CHECK(errors[1].empty());
 }
 
 TEST_CASE("a peer that never arrives is a TimeoutError naming the op and rank") {
