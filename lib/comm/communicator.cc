@@ -242,10 +242,11 @@ void Communicator::verify_same_call(std::string_view op, const TensorView& tenso
     if (field(r, 4) != 0 && field(r, 4) != 1) out_of_step.push_back(r);
   }
   if (!out_of_step.empty()) {
-    throw InvalidArgument(fmt::format(
-        "{} on rank {} of {}: {} {} sent something other than this check: the ranks' "
-        "collectives are out of step (one runs another collective here)",
-        op, rank(), size(), out_of_step.size() == 1 ? "rank" : "ranks", fmt::join(out_of_step, ", ")));
+    throw InvalidArgument(
+        fmt::format("{} on rank {} of {}: {} {} sent something other than this check: the ranks' "
+                    "collectives are out of step (one runs another collective here)",
+                    op, rank(), size(), out_of_step.size() == 1 ? "rank" : "ranks",
+                    fmt::join(out_of_step, ", ")));
   }
   bool refused = false;
   for (int r = 0; r < size(); ++r) refused = refused || field(r, 4) != 0;

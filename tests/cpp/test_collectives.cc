@@ -200,7 +200,8 @@ TEST_CASE("subgroups and the hierarchical pair") {
           TensorView one{&ranks_sum, 1, DType::kInt64, {}};
           hierarchy.across->allreduce(one, one, ReduceOp::kSum);
           std::int64_t expected = 0;
-          for (int node = 0; node < nodes; ++node) expected += node * local_size + rank % local_size;
+          for (int node = 0; node < nodes; ++node)
+            expected += node * local_size + rank % local_size;
           REQUIRE(ranks_sum == expected);
         }
         std::int64_t value = rank;
@@ -264,7 +265,8 @@ TEST_CASE("verify_same_call against another collective names the ranks out of st
     comm.verify_same_call("C_LP_S: segment", TensorView{data.data(), 4, DType::kFloat32, {}});
   });
   CAPTURE(errors[0]);
-  CHECK(errors[0].find("C_LP_S: segment on rank 0 of 2: rank 1 sent something other than this check") !=
+  CHECK(errors[0].find(
+            "C_LP_S: segment on rank 0 of 2: rank 1 sent something other than this check") !=
         std::string::npos);
   CHECK(errors[0].find("out of step") != std::string::npos);
   CHECK(errors[1].empty());
