@@ -310,6 +310,7 @@ HierarchicalComms make_hierarchical_comms(Communicator& global,
   if (equal_nodes && comms.nodes > 1 && comms.largest_node > 1) {
     for (std::size_t index = 0; index < members.front().size(); ++index) {
       std::vector<int> same_index;
+      same_index.reserve(members.size());
       for (const auto& node : members) same_index.push_back(node[index]);
       std::sort(same_index.begin(), same_index.end());
       auto group = global.new_group(same_index);
