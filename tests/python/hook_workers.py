@@ -272,6 +272,37 @@ def scenario_join(out_dir, hook):
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def _train_in_group(group, seed, member):
+    """A DDP over ``group`` with a ByteGrad hook state over the same group,
+    6 steps on batches of ``seed`` and this rank's ``member`` index."""
+    torch.manual_seed(8)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 120), torch.nn.ReLU(), torch.nn.Linear(120, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=group)
+    ddp.register_comm_hook(ddp_hooks.ByteGradState(module, process_group=group), ddp_hooks.bytegrad_hook)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1000 * seed + member)
+    for _ in range(6):
+        x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def scenario_subgroups(out_dir):
+    """Ranks 0-1 and 2-3 train two DDPs of their own, each over its own
+    torch group with a hook state over that group; run twice, the second
+    time with other data for the second group only."""
+    import torch.distributed as dist
+
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine, member = rank // 2, rank % 2
+    runs = [_train_in_group(groups[mine], seed=mine if run == 0 else mine * 7, member=member) for run in range(2)]
+    torch.save({"group": mine, "runs": runs}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     globals()[f"scenario_{scenario}"](out_dir, *sys.argv[3:])

@@ -2,7 +2,8 @@
 (bagua.torch_api.ddp_hooks, hook_workers.py): ByteGrad's hook gives
 with_bagua's ByteGrad bit for bit on the same bucket at worlds 1-4, and in
 segments (BAGUA_LOW_PRECISION_SEGMENT) at worlds 2-3; two hooked DDPs in one
-process, their backwards interleaved, end as each alone;
+process, their backwards interleaved, end as each alone; under Join as with
+zero-gradient padding; over subgroups each group apart;
 PowerSGD's hook (full precision and 8-bit) gives with_bagua's PowerSGD bit
 for bit at worlds 1-3, and its state saved and loaded resumes bit for bit;
 the digits MLP trained through each hook reaches DDP's accuracy within 1.5
@@ -83,6 +84,24 @@ def test_hooks_under_join_equal_zero_gradient_padding(world_size, hook, tmp_path
     for rank, result in enumerate(results):
         for i, (a, b) in enumerate(zip(result["joined"], reference)):
             assert torch.equal(a, b), f"rank {rank} tensor {i}: under Join it ends elsewhere than with zero padding"
+
+
+def test_hooks_over_subgroups_stay_in_their_group(tmp_path):
+    """Two DDPs over torch subgroups [0, 1] and [2, 3] of 4 ranks, each with
+    a ByteGrad hook over its group: replicas equal within a group, and the
+    first group's weights do not move when only the second group's data
+    changes (nothing crosses between the groups), while the second's do."""
+    results = run_workers("subgroups", 4, tmp_path, script=SCRIPT)
+    for rank, result in enumerate(results):
+        peer = results[rank ^ 1]
+        for run in range(2):
+            for i, (a, b) in enumerate(zip(result["runs"][run], peer["runs"][run])):
+                assert torch.equal(a, b), f"rank {rank} run {run} tensor {i}: replicas of one group differ"
+        same = all(torch.equal(a, b) for a, b in zip(*result["runs"]))
+        if result["group"] == 0:
+            assert same, f"rank {rank}: group 0's weights changed with group 1's data"
+        else:
+            assert not same, f"rank {rank}: group 1's weights ignored its own data"
 
 
 def test_hooks_train_digits_as_ddp(tmp_path):
