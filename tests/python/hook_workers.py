@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import bagua.torch_api as bagua
 from bagua.torch_api import ddp_hooks
+from bagua.torch_api._core import InvalidArgumentError
 from bagua.torch_api.algorithms import bytegrad
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -300,7 +301,14 @@ def scenario_subgroups(out_dir):
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine, member = rank // 2, rank % 2
     runs = [_train_in_group(groups[mine], seed=mine if run == 0 else mine * 7, member=member) for run in range(2)]
-    torch.save({"group": mine, "runs": runs}, os.path.join(out_dir, f"rank{rank}.pt"))
+    module = torch.nn.Linear(4, 4)
+    ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=groups[mine])
+    try:  # the state left on the default group (all 4 ranks)
+        ddp_hooks.ByteGradState(module)
+        refusal = None
+    except InvalidArgumentError as error:
+        refusal = str(error)
+    torch.save({"group": mine, "runs": runs, "refusal": refusal}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 if __name__ == "__main__":

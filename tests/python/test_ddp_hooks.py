@@ -90,7 +90,8 @@ def test_hooks_over_subgroups_stay_in_their_group(tmp_path):
     """Two DDPs over torch subgroups [0, 1] and [2, 3] of 4 ranks, each with
     a ByteGrad hook over its group: replicas equal within a group, and the
     first group's weights do not move when only the second group's data
-    changes (nothing crosses between the groups), while the second's do."""
+    changes (nothing crosses between the groups), while the second's do. A
+    state left on the default group beside such a DDP is refused."""
     results = run_workers("subgroups", 4, tmp_path, script=SCRIPT)
     for rank, result in enumerate(results):
         peer = results[rank ^ 1]
@@ -102,6 +103,10 @@ def test_hooks_over_subgroups_stay_in_their_group(tmp_path):
             assert same, f"rank {rank}: group 0's weights changed with group 1's data"
         else:
             assert not same, f"rank {rank}: group 1's weights ignored its own data"
+        # A state on the default group beside a DDP over a subgroup is refused.
+        members = "[0, 1]" if result["group"] == 0 else "[2, 3]"
+        assert result["refusal"] and f"over ranks {members}, the state over ranks [0, 1, 2, 3]" in result["refusal"], \
+            result["refusal"]
 
 
 def test_hooks_train_digits_as_ddp(tmp_path):
