@@ -191,8 +191,8 @@ class _HookState:
         # buffer (DDP's zero buckets on a rank that has joined, under
         # torch.distributed.algorithms.join.Join) runs the same op, moved to
         # that buffer (_HookBucket.run). A new op on one rank only would set
-        # its ranks' ops out of step: a refused or mismatched collective, or
-        # PowerSGD's state started afresh on that rank alone.
+        # the ranks' ops out of step: its once-per-op check (ByteGrad's
+        # segments) met the other ranks' data, a refusal and then a hang.
         key = (grad_bucket.index(), values.numel(), values.dtype, values.device, tuple(names))
         future: torch.futures.Future = torch.futures.Future()
         self._queue.put((key, values, grad_bucket.gradients(), shapes, names, order, grad_bucket.index() == 0,
