@@ -50,6 +50,18 @@ def test_every_algorithm_joins(world_size, tmp_path):
                     assert torch.equal(a, b), f"{name}: rank {rank}'s replica differs from rank 0's after join"
 
 
+def test_bytegrad_joins_in_segments(tmp_path):
+    """ByteGrad's ranks check once per op that their segments agree; under
+    join() a rank out of data must run the same ops as the others (the DDP
+    hook once built new ones there: a refused check, then a hang). Buckets
+    of the 451-element model in segments of 100, 3 ranks."""
+    results = run_workers("uneven", 3, tmp_path, script=SCRIPT, args=("bytegrad", "True"), timeout=300,
+                          extra_env={**ENV, "BAGUA_LOW_PRECISION_SEGMENT": "100"})
+    for rank, result in enumerate(results):
+        for a, b in zip(result["bytegrad/True"]["weights"], results[0]["bytegrad/True"]["weights"]):
+            assert torch.isfinite(a).all() and torch.equal(a, b), f"rank {rank}'s replica differs after join"
+
+
 def test_two_models_in_one_join(tmp_path):
     results = run_workers("gan", 3, tmp_path, script=SCRIPT, extra_env=ENV)
     for rank, result in enumerate(results):
