@@ -100,24 +100,14 @@ def in_place(values: torch.Tensor, order) -> bool:
     return list(order) == list(range(len(order))) and values.is_contiguous() and values.dim() == 1
 
 
-def _global_ranks(process_group) -> list:
-    """The global ranks of a torch.distributed group (None: the world)."""
-    import torch.distributed as dist
-
-    if process_group is None or process_group is dist.GroupMember.WORLD:
-        return list(range(dist.get_world_size()))
-    ranks_of = getattr(dist, "get_process_group_ranks", None)
-    if ranks_of is not None:
-        return list(ranks_of(process_group))
-    return sorted(dist.distributed_c10d._pg_group_ranks[process_group])  # torch 1.13
-
-
 def _check_ddp_groups(state: str, module: torch.nn.Module, ranks: list) -> None:
     """A DDP that already wraps ``module`` over other ranks than the state's
     group is an error: the hook would average its buckets with ranks outside
     the DDP's group (other data-parallel groups), silently. Local, before
     anything collective, so every rank that made the mistake raises."""
     import gc
+
+    from bagua.torch_api._compat_communication import _torch_group_ranks
 
     # The DDPs alive now: one pass over the collector's objects, once per
     # state (0.12 s with transformers and a GPT-2 loaded, 511 000 objects).
@@ -131,7 +121,7 @@ def _check_ddp_groups(state: str, module: torch.nn.Module, ranks: list) -> None:
         pending.extend(cls.__subclasses__())
     for ddp in gc.get_objects():
         if type(ddp) in classes and ddp.module is module:
-            theirs = _global_ranks(ddp.process_group)
+            theirs = _torch_group_ranks(ddp.process_group)
             if theirs != ranks:
                 raise InvalidArgumentError(
                     f"{state}: the DDP around this module communicates over ranks {theirs}, the state "
