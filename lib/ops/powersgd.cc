@@ -90,7 +90,7 @@ void PowerSGDOp::average_compressed(Bucket& bucket) {
   std::int64_t divisor = 1;
   {
     const TimelinePhase phase("powersgd.exchange_p");
-    divisor = exchange(first);
+    divisor = exchange(first, first_segments(bucket));
   }
   const CachingAllocator::Block q_block = scratch_for(c, bucket, q_numel());
   const TensorView qs = c.view(q_block, q_numel(), bucket.dtype());
@@ -101,7 +101,7 @@ void PowerSGDOp::average_compressed(Bucket& bucket) {
   }
   {
     const TimelinePhase phase("powersgd.exchange_q");
-    divisor = exchange(qs);
+    divisor = exchange(qs, q_segments());
   }
   {
     const TimelinePhase phase("powersgd.reconstruct");
@@ -123,6 +123,19 @@ std::int64_t PowerSGDOp::first_numel(const Bucket& bucket) const {
   std::int64_t numel = vectors_numel(bucket);
   for (const auto& m : matrices_) numel += m.rows * options_.rank;
   return numel;
+}
+
+std::vector<std::int64_t> PowerSGDOp::first_segments(const Bucket& bucket) const {
+  std::vector<std::int64_t> lengths;
+  for (const auto i : vectors_) lengths.push_back(bucket.tensors()[i].view.numel);
+  for (const auto& m : matrices_) lengths.push_back(m.rows * options_.rank);
+  return lengths;
+}
+
+std::vector<std::int64_t> PowerSGDOp::q_segments() const {
+  std::vector<std::int64_t> lengths;
+  for (const auto& m : matrices_) lengths.push_back(m.cols * options_.rank);
+  return lengths;
 }
 
 std::int64_t PowerSGDOp::q_numel() const {
@@ -213,8 +226,9 @@ void PowerSGDOp::reconstruct(Compute& c, Bucket& bucket, const TensorView& first
   }
 }
 
-std::int64_t PowerSGDOp::exchange(const TensorView& data) {
-  if (options_.low_precision && global().size() > 1) return average_8bit(data);
+std::int64_t PowerSGDOp::exchange(const TensorView& data,
+                                  const std::vector<std::int64_t>& segments) {
+  if (options_.low_precision && global().size() > 1) return average_8bit(data, segments);
   if (global().size() == 2) {
     sum_of_two(data);
   } else {
@@ -238,7 +252,8 @@ void PowerSGDOp::sum_of_two(const TensorView& data) {
   c.axpby(1.0, both.slice(data.numel, data.numel), 1.0, data);
 }
 
-std::int64_t PowerSGDOp::average_8bit(const TensorView& data) {
+std::int64_t PowerSGDOp::average_8bit(const TensorView& data,
+                                      const std::vector<std::int64_t>& segments) {
   Communicator& comm = global();
   Compute& c = compute();
   // The 8-bit average runs on float32 host memory: other dtypes go through
@@ -255,7 +270,7 @@ std::int64_t PowerSGDOp::average_8bit(const TensorView& data) {
     c.finish("powersgd: 8-bit staging to the host", env().comm_timeout);
   }
   if (comm.size() == 2) {
-    exchanged_bytes_ += average_8bit_of_two(host);
+    exchanged_bytes_ += average_8bit_of_two(host, segments);
   } else {
     std::vector<int> members(static_cast<std::size_t>(comm.size()));
     std::iota(members.begin(), members.end(), 0);
@@ -275,21 +290,41 @@ std::int64_t PowerSGDOp::average_8bit(const TensorView& data) {
 // rank's codes sends the same bytes in one (see sum_of_two). Both ranks
 // decode the same codes and average them in rank order, so they hold the
 // same bits, and each value is quantized once (the scatter-gather quantizes
-// the average again). A min/max per kCodeChunk elements keeps the vectors
-// and the factors of different matrices, which differ in scale, apart for
-// 8 header bytes per chunk. Returns the bytes this rank sent.
-std::int64_t PowerSGDOp::average_8bit_of_two(const TensorView& host) {
-  const minmax_uint8::ChunkedLayout layout{host.numel, kCodeChunk};
-  std::vector<std::byte> codes(3 * layout.bytes());  // this rank's, then rank 0's and rank 1's
+// the average again). Each segment (a vector, one matrix's factor) has its
+// own chunks of a min/max per kCodeChunk elements: the tensors differ in
+// scale, and a chunk across two of them would quantize the smaller with the
+// larger's range. Returns the bytes this rank sent.
+std::int64_t PowerSGDOp::average_8bit_of_two(const TensorView& host,
+                                             const std::vector<std::int64_t>& segments) {
+  std::vector<minmax_uint8::ChunkedLayout> layouts;
+  std::size_t bytes = 0;
+  for (const auto length : segments) {
+    layouts.push_back({length, kCodeChunk});
+    bytes += layouts.back().bytes();
+  }
+  std::vector<std::byte> codes(3 * bytes);  // this rank's, then rank 0's and rank 1's
+  const auto for_segments = [&](std::size_t code_offset, const auto& fn) {
+    std::int64_t element = 0;
+    for (const auto& layout : layouts) {
+      fn(host.slice(element, layout.numel), layout, codes.data() + code_offset);
+      element += layout.numel;
+      code_offset += layout.bytes();
+    }
+  };
+  for_segments(0, [](const TensorView& x, const auto& layout, std::byte* out) {
+    minmax_uint8::compress_chunked(x, layout, out);
+  });
   const auto bytes_view = [&](std::size_t offset, std::size_t count) {
     return TensorView{codes.data() + offset, static_cast<std::int64_t>(count), DType::kUInt8, {}};
   };
-  minmax_uint8::compress_chunked(host, layout, codes.data());
-  global().allgather(bytes_view(0, layout.bytes()), bytes_view(layout.bytes(), 2 * layout.bytes()));
-  minmax_uint8::decompress_chunked(codes.data() + layout.bytes(), layout, host, false);
-  minmax_uint8::decompress_chunked(codes.data() + 2 * layout.bytes(), layout, host, true);
+  global().allgather(bytes_view(0, bytes), bytes_view(bytes, 2 * bytes));
+  for (int from = 0; from < 2; ++from) {
+    for_segments((1 + from) * bytes, [&](const TensorView& x, const auto& layout, std::byte* in) {
+      minmax_uint8::decompress_chunked(in, layout, x, from == 1);
+    });
+  }
   divide_inplace(host, 2);
-  return static_cast<std::int64_t>(layout.bytes());
+  return static_cast<std::int64_t>(bytes);
 }
 
 }  // namespace bagua

@@ -64,13 +64,21 @@ def low_precision_average(buffers):
 CODE_CHUNK = 1024  # PowerSGDOp::kCodeChunk: elements per min/max of its 8-bit codes at two ranks
 
 
-def op_low_precision_average(buffers):
+def segmented_roundtrip(buffer, segments):
+    """``buffer`` through the op's 8-bit codes at two ranks: each segment (a
+    vector, one matrix's factor) in chunks of its own, a min/max per
+    CODE_CHUNK elements."""
+    parts = torch.split(buffer, list(segments))
+    return torch.cat([ref.roundtrip_chunked(part, CODE_CHUNK) for part in parts])
+
+
+def op_low_precision_average(buffers, segments):
     """The op's 8-bit average: at two ranks every rank's buffer quantized
-    with a min/max per CODE_CHUNK elements, decoded and averaged in rank
-    order (one allgather round); at more, the chunk-owner average."""
+    segment by segment, decoded and averaged in rank order (one allgather
+    round); at more, the chunk-owner average over the whole buffer."""
     if len(buffers) != 2:
         return low_precision_average(buffers)
-    return (ref.roundtrip_chunked(buffers[0], CODE_CHUNK) + ref.roundtrip_chunked(buffers[1], CODE_CHUNK)) / 2
+    return (segmented_roundtrip(buffers[0], segments) + segmented_roundtrip(buffers[1], segments)) / 2
 
 
 def reference_exchange(world, low_precision):
@@ -80,16 +88,20 @@ def reference_exchange(world, low_precision):
     q = exchange_q()
     names = list(EXCHANGE_SHAPES)
 
-    def average(buffers):
-        return op_low_precision_average(buffers) if low_precision else sum(buffers) / world
+    def average(buffers, segments):
+        return op_low_precision_average(buffers, segments) if low_precision else sum(buffers) / world
 
-    first = average([torch.cat([v] + [(ms[n] @ q[n]).reshape(-1) for n in names]) for v, ms in inputs])
+    first_segments = [EXCHANGE_VECTOR] + [EXCHANGE_SHAPES[n][0] * EXCHANGE_RANK for n in names]
+    q_segments = [EXCHANGE_SHAPES[n][1] * EXCHANGE_RANK for n in names]
+    first = average([torch.cat([v] + [(ms[n] @ q[n]).reshape(-1) for n in names]) for v, ms in inputs],
+                    first_segments)
     vector, offset, ps = first[:EXCHANGE_VECTOR], EXCHANGE_VECTOR, {}
     for n in names:
         rows = EXCHANGE_SHAPES[n][0]
         ps[n] = orthogonalize(first[offset:offset + rows * EXCHANGE_RANK].view(rows, EXCHANGE_RANK).clone())
         offset += rows * EXCHANGE_RANK
-    q_flat = average([torch.cat([(ms[n].t() @ ps[n]).reshape(-1) for n in names]) for _, ms in inputs])
+    q_flat = average([torch.cat([(ms[n].t() @ ps[n]).reshape(-1) for n in names]) for _, ms in inputs],
+                     q_segments)
     offset, grads, qs = 0, {}, {}
     for n in names:
         qs[n] = q_flat[offset:offset + q[n].numel()].view_as(q[n])

@@ -95,11 +95,16 @@ class PowerSGDOp final : public HierarchicalOp {
   static CachingAllocator::Block scratch_for(Compute& c, const Bucket& bucket, std::int64_t numel);
   TensorView p_of(const TensorView& first, std::int64_t vectors_end, std::size_t k) const;
   // Sums (full precision) or 8-bit averages `data` over the ranks; returns
-  // what to divide by for the average (the rank count, or 1).
-  std::int64_t exchange(const TensorView& data);
+  // what to divide by for the average (the rank count, or 1). `segments`:
+  // the lengths of the tensors `data` holds back to back (each vector, each
+  // matrix's factor), which the 8-bit codes of two ranks keep apart.
+  std::int64_t exchange(const TensorView& data, const std::vector<std::int64_t>& segments);
   void sum_of_two(const TensorView& data);
-  std::int64_t average_8bit(const TensorView& data);
-  std::int64_t average_8bit_of_two(const TensorView& host);
+  std::int64_t average_8bit(const TensorView& data, const std::vector<std::int64_t>& segments);
+  std::int64_t average_8bit_of_two(const TensorView& host,
+                                   const std::vector<std::int64_t>& segments);
+  std::vector<std::int64_t> first_segments(const Bucket& bucket) const;
+  std::vector<std::int64_t> q_segments() const;
 
   // Elements per min/max of the 8-bit codes at two ranks.
   static constexpr std::int64_t kCodeChunk = 1024;
