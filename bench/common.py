@@ -139,12 +139,13 @@ def interleaved_steps(runs, batches, steps):
     return interleaved_windows(runs, batches, steps)[0]
 
 
-def interleaved_windows(runs, batches, steps, clock=None, counters=None):
+def interleaved_windows(runs, batches, steps, clock=None, counters=None, after_step=None):
     """As interleaved_steps, also returning each step's window on the
     timeline `clock` ({kind: [(start_us, end_us) per step, this rank]}; 0s
     without one). `counters` ({stage: fn(model)}, numbers that only grow
     unless restarted, e.g. seconds a model's ops ran) add the increase over
-    each step as a stage; a restart counts all of the new value."""
+    each step as a stage; a restart counts all of the new value.
+    `after_step(i)` runs after every kind's step i, outside the windows."""
     import torch
 
     import bagua.torch_api as bagua
@@ -162,6 +163,8 @@ def interleaved_windows(runs, batches, steps, clock=None, counters=None):
                 after = fn(model)
                 row[name] = 0.0 if after is None else (after - before[name] if after >= before[name] else after)
             samples[kind].append(row)
+        if after_step is not None:
+            after_step(i)
     result = {}
     for kind, rows in samples.items():
         stages = list(rows[0])

@@ -360,13 +360,24 @@ def worker(args):
             for kind in args.kinds.split(",")}
     math = factor_math(next(iter(runs.values()))[0], args.rank)
     clock = timeline.get(rank)  # with --breakdown (BAGUA_TIMELINE set)
-    samples, windows = interleaved_windows(runs, batches, args.steps, clock, {"comm_op": comm_op_seconds})
+    tail = {kind: [] for kind in runs}  # accuracy after each of the last --accuracy-tail steps
+
+    def after_step(i):
+        if i >= args.steps - args.accuracy_tail:
+            for kind, (model, _) in runs.items():
+                tail[kind].append(accuracy(model, test))
+
+    samples, windows = interleaved_windows(runs, batches, args.steps, clock, {"comm_op": comm_op_seconds},
+                                           after_step)
     result = {}
     for kind, stages in samples.items():
         result[kind] = quantiles(stages["total"][args.skip_steps:])
         result[kind]["stages_median"] = {s: quantiles(v[args.skip_steps:])["median"] for s, v in stages.items()}
         result[kind]["steps"] = stages["total"]
         result[kind]["accuracy"] = accuracy(runs[kind][0], test)
+        if tail[kind]:  # one step's accuracy moves with its last updates; the mean over the tail less
+            result[kind]["accuracy_tail"] = tail[kind]
+            result[kind]["accuracy_tail_mean"] = sum(tail[kind]) / len(tail[kind])
         if kind == "auto":
             result[kind]["decision"] = AutoAlgorithm.decision(runs[kind][0])
             result[kind]["decisions"] = AutoAlgorithm.decisions(runs[kind][0])
@@ -395,6 +406,8 @@ def print_table(rate, result):
     for kind, q in result.items():
         ratio = f"{q['median'] / ddp:7.3f}" if ddp else "    n/a"
         note = f"  (chose {q['decision']['choice']})" if kind == "auto" and q.get("decision") else ""
+        if "accuracy_tail_mean" in q:
+            note += f"  (accuracy over the last {len(q['accuracy_tail'])} steps: {q['accuracy_tail_mean']:.2f}%)"
         if q.get("hierarchy") and "measured_step_s" in q["hierarchy"]:
             measured = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in q["hierarchy"]["measured_step_s"].items())
             note += f"  ({'hierarchical' if q['hierarchy']['hierarchical'] else 'flat'}: {measured} ms)"
@@ -489,6 +502,8 @@ def main():
     parser.add_argument("--skip-steps", type=int, default=20, help="steps left out of the step time")
     parser.add_argument("--batch", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--accuracy-tail", type=int, default=0,
+                        help="also the test accuracy after each of the last N steps, and its mean")
     parser.add_argument("--breakdown", action="store_true",
                         help="record a timeline (BAGUA_TIMELINE) and print where each bagua kind's step went")
     parser.add_argument("--bucket-view", action="store_true",
@@ -516,6 +531,7 @@ def main():
     worker_args = ["--kinds", args.kinds, "--rank", str(args.rank), "--start-iter", str(args.start_iter),
                    "--steps", str(args.steps),
                    "--skip-steps", str(args.skip_steps), "--batch", str(args.batch), "--lr", str(args.lr),
+                   "--accuracy-tail", str(args.accuracy_tail),
                    "--model", args.model] + (["--bucket-view"] if args.bucket_view else [])
     report = {"machine": machine(), "config": vars(args), "rates": {}, "factor_math": {}}
     with tempfile.TemporaryDirectory() as tmp:

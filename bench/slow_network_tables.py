@@ -87,7 +87,10 @@ def floor_table(runs: List[dict], numbers: List[int], ddp_accuracy=None, accurac
     "our best" is the fastest of ``kinds``."""
     heading = "its accuracy / DDP's"
     if accuracy_run:
-        heading += f" after {accuracy_run['config']['steps']} steps"
+        config = accuracy_run["config"]
+        heading += f" after {config['steps']} steps"
+        if config.get("accuracy_tail"):
+            heading += f" (mean over the last {config['accuracy_tail']})"
     rows = [f"| rate | run | our best / local (no communication) | {heading} |",
             "| --- | --- | --- | --- |"]
     for rate in runs[0]["rates"]:
@@ -99,8 +102,11 @@ def floor_table(runs: List[dict], numbers: List[int], ddp_accuracy=None, accurac
             source = result
             if accuracy_run:
                 source = next(iter(accuracy_run["rates"].values()))
-            ddp = source["ddp"]["accuracy"] if "ddp" in source else ddp_accuracy
-            mine = source[ours]["accuracy"]
+            def final(q):  # the mean over the run's last steps (--accuracy-tail) where it has one
+                return q.get("accuracy_tail_mean", q["accuracy"])
+
+            ddp = final(source["ddp"]) if "ddp" in source else ddp_accuracy
+            mine = final(source[ours])
             accuracy = f"{mine:.2f} / {ddp:.2f} %" if ddp is not None else f"{mine:.2f} % / n/a"
             rows.append(f"| {rate} | {number} | {ratio(result, ours, 'local', skip)}: {ours} | {accuracy} |")
     return rows
