@@ -55,6 +55,7 @@ from common import gather_json, interleaved_windows, machine, quantiles, step_wi
 KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "ddp_bagua_bytegrad_hook", "ddp_bagua_powersgd_8bit_hook",
          "gradient_allreduce", "gradient_allreduce_flat",
          "gradient_allreduce_hierarchical", "bytegrad", "bytegrad_hierarchical", "powersgd", "powersgd_8bit",
+         "powersgd_buckets", "powersgd_8bit_buckets",
          "auto", "local"]
 DEFAULT_KINDS = ["ddp", "ddp_fp16_hook", "ddp_powersgd_hook", "gradient_allreduce", "bytegrad", "powersgd",
                  "powersgd_8bit", "auto", "local"]
@@ -174,6 +175,10 @@ def make_run(kind, rank_r, lr, model_name="mlp", seed=0, bucket_view=False):
                  "powersgd": lambda: PowerSGDAlgorithm(rank=rank_r, start_iter=START_ITER, one_bucket=True),
                  "powersgd_8bit": lambda: PowerSGDAlgorithm(rank=rank_r, start_iter=START_ITER, low_precision=True,
                                                             one_bucket=True),
+                 # the runtime's buckets, each averaged as soon as the backward fills it
+                 "powersgd_buckets": lambda: PowerSGDAlgorithm(rank=rank_r, start_iter=START_ITER),
+                 "powersgd_8bit_buckets": lambda: PowerSGDAlgorithm(rank=rank_r, start_iter=START_ITER,
+                                                                    low_precision=True),
                  "auto": lambda: AutoAlgorithm(powersgd_rank=rank_r, powersgd_start_iter=START_ITER)}[kind]()
     return model.with_bagua([opt], algorithm), opt
 

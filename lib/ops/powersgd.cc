@@ -274,9 +274,10 @@ std::int64_t PowerSGDOp::average_8bit(const TensorView& data,
   } else {
     std::vector<int> members(static_cast<std::size_t>(comm.size()));
     std::iota(members.begin(), members.end(), 0);
-    low_precision_partial_allreduce(comm, host, members, comm.next_partial_id(members));
-    // one code byte per element, and a min/max header per chunk and rank
-    exchanged_bytes_ += data.numel + std::int64_t{8} * comm.size();
+    // Each tensor coded apart, as at two ranks (average_8bit_of_two).
+    const CodeLayout layout{segments, kCodeChunk};
+    low_precision_partial_allreduce(comm, host, members, comm.next_partial_id(members), layout);
+    exchanged_bytes_ += low_precision_coded_bytes(host.numel, comm.size(), layout);
   }
   if (!on_host) {
     c.run_custom([] {}, [&](void* s) { cuda_copy_async(work.data, host.data, work.nbytes(), s); });

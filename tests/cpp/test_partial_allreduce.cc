@@ -12,6 +12,8 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "bagua/comm/communicator.h"
 #include "bagua/core/errors.h"
@@ -350,4 +352,69 @@ TEST_CASE("low-precision partial_allreduce: members agree bit for bit, within th
       }
     }
   }
+}
+
+// Tensors of scales 1e-3, 1 and 1e3 back to back: coded with one min/max per
+// chunk, the small one is lost in the large one's range; coded per piece,
+// each element is within its own tensor's 8-bit error.
+TEST_CASE("low-precision partial_allreduce: a code layout keeps each tensor's own range") {
+  const std::vector<std::int64_t> segments{700, 3000, 1301};  // 5001 elements
+  const std::array<double, 3> scales{1e-3, 1.0, 1e3};
+  const auto value = [&](int rank, std::int64_t i) {
+    std::int64_t start = 0;
+    std::size_t s = 0;
+    while (i >= start + segments[s]) start += segments[s++];
+    return std::pair{static_cast<float>(scales[s] * input_of(rank, i)), s};
+  };
+  for (int world : {3, 5}) {
+    for (const std::int64_t piece : {std::int64_t{1024}, std::int64_t{100000}}) {
+      CAPTURE(world);
+      CAPTURE(piece);
+      std::vector<std::vector<float>> results(static_cast<std::size_t>(world));
+      std::vector<std::int64_t> sent(static_cast<std::size_t>(world));
+      testing::run_ranks(world, [&](Communicator& comm) {
+        std::vector<int> everyone(static_cast<std::size_t>(world));
+        std::iota(everyone.begin(), everyone.end(), 0);
+        auto& x = results[static_cast<std::size_t>(comm.rank())];
+        x.resize(5001);
+        for (std::int64_t i = 0; i < 5001; ++i) x[i] = value(comm.rank(), i).first;
+        const auto before = comm.counters().bytes_sent.load();
+        low_precision_partial_allreduce(comm, TensorView{x.data(), 5001, DType::kFloat32, {}},
+                                        everyone, 4, CodeLayout{segments, piece});
+        sent[static_cast<std::size_t>(comm.rank())] = comm.counters().bytes_sent.load() - before;
+      });
+      for (int r = 1; r < world; ++r) {
+        CHECK(std::memcmp(results[static_cast<std::size_t>(r)].data(), results[0].data(),
+                          5001 * sizeof(float)) == 0);
+      }
+      for (std::int64_t i = 0; i < 5001; ++i) {
+        double mean = 0;
+        for (int r = 0; r < world; ++r) mean += value(r, i).first;
+        mean /= world;
+        const double range = 2.0 * (1.0 + world) * scales[value(0, i).second];
+        if (std::abs(results[0][i] - mean) > 2 * range / 255 + 1e-6 * std::abs(mean)) {
+          FAIL("element ", i, ": ", results[0][i], " vs ", mean);
+        }
+      }
+      // A min/max more per piece than per chunk: 8 bytes each.
+      const auto expected = low_precision_coded_bytes(5001, world, CodeLayout{segments, piece});
+      CHECK(expected > low_precision_coded_bytes(5001, world));
+      CHECK(expected == 5001 + 8 * (piece == 1024 ? 1 + 3 + 2 + (world - 1) : 3 + (world - 1)));
+    }
+  }
+}
+
+TEST_CASE("low-precision partial_allreduce: a layout that does not fit the buffer is refused") {
+  testing::run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> x(10);
+    const TensorView view{x.data(), 10, DType::kFloat32, {}};
+    const std::vector<int> both{0, 1};
+    const std::vector<std::int64_t> short_segments{4, 5}, negative{11, -1}, fitting{4, 6};
+    CHECK_THROWS_AS(low_precision_partial_allreduce(comm, view, both, 1, {short_segments, 4}),
+                    InvalidArgument);
+    CHECK_THROWS_AS(low_precision_partial_allreduce(comm, view, both, 1, {negative, 4}),
+                    InvalidArgument);
+    CHECK_THROWS_AS(low_precision_partial_allreduce(comm, view, both, 1, {fitting, 0}),
+                    InvalidArgument);
+  });
 }

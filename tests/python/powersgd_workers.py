@@ -19,7 +19,7 @@ from workers import batches, fresh_model_and_optimizer
 
 # The exchange scenario's tensors: integer values, so that P = M Q is exact
 # in float32 and the reference quantizes the very values the algorithm does.
-EXCHANGE_SHAPES = {"a.weight": (37, 23), "b.weight": (16, 12)}
+EXCHANGE_SHAPES = {"a.weight": (37, 23), "b.weight": (16, 12), "c.weight": (600, 5)}  # c: P over 1024
 EXCHANGE_VECTOR = 7
 EXCHANGE_RANK = 2
 
@@ -44,24 +44,52 @@ def chunk_of(n, m, j):
     return j * base + min(j, rest), base + (1 if j < rest else 0)
 
 
-def low_precision_average(buffers):
+CODE_CHUNK = 1024  # PowerSGDOp::kCodeChunk: elements per min/max of its 8-bit codes
+
+
+def pieces(offset, count, segments):
+    """The op's 8-bit pieces (lo, hi) of elements [offset, offset + count)
+    of a buffer holding tensors of lengths ``segments`` back to back: every
+    tensor's CODE_CHUNK-element chunks, counted from its start, cut to the
+    range."""
+    out, start = [], 0
+    for length in segments:
+        for chunk in range(start, start + length, CODE_CHUNK):
+            lo, hi = max(chunk, offset), min(chunk + CODE_CHUNK, start + length, offset + count)
+            if lo < hi:
+                out.append((lo, hi))
+        start += length
+    return out
+
+
+def roundtrip(buffer, offset, count, segments=None):
+    """Elements [offset, offset + count) of ``buffer`` through 8-bit codes:
+    one min/max for all, or (``segments``) one per piece."""
+    if segments is None:
+        return ref.decompress(*ref.compress(buffer[offset:offset + count]))
+    out = buffer[offset:offset + count].clone()
+    for lo, hi in pieces(offset, count, segments):
+        out[lo - offset:hi - offset] = ref.decompress(*ref.compress(buffer[lo:hi]))
+    return out
+
+
+def low_precision_average(buffers, segments=None):
     """The 8-bit average of every rank's float32 buffer, from the formulas:
     owner j of chunk j adds the decoded 8-bit chunks of the others to its
     exact own, divides by the rank count, and everyone decodes the 8-bit form
-    of that average."""
+    of that average. A chunk is coded whole, or (``segments``) in pieces."""
     m, out = len(buffers), torch.empty_like(buffers[0])
     for j in range(m):
         off, cnt = chunk_of(buffers[0].numel(), m, j)
         acc = buffers[j][off:off + cnt].clone()
         for r in range(m):
             if r != j:
-                acc += ref.decompress(*ref.compress(buffers[r][off:off + cnt]))
+                acc += roundtrip(buffers[r], off, cnt, segments)
         acc /= m
-        out[off:off + cnt] = ref.decompress(*ref.compress(acc))
+        whole = torch.zeros_like(buffers[0])
+        whole[off:off + cnt] = acc
+        out[off:off + cnt] = roundtrip(whole, off, cnt, segments)
     return out
-
-
-CODE_CHUNK = 1024  # PowerSGDOp::kCodeChunk: elements per min/max of its 8-bit codes at two ranks
 
 
 def segmented_roundtrip(buffer, segments):
@@ -73,11 +101,12 @@ def segmented_roundtrip(buffer, segments):
 
 
 def op_low_precision_average(buffers, segments):
-    """The op's 8-bit average: at two ranks every rank's buffer quantized
-    segment by segment, decoded and averaged in rank order (one allgather
-    round); at more, the chunk-owner average over the whole buffer."""
+    """The op's 8-bit average, each tensor coded apart: at two ranks every
+    rank's buffer quantized segment by segment, decoded and averaged in rank
+    order (one allgather round); at more, the chunk-owner average with each
+    chunk coded in pieces."""
     if len(buffers) != 2:
-        return low_precision_average(buffers)
+        return low_precision_average(buffers, segments)
     return (segmented_roundtrip(buffers[0], segments) + segmented_roundtrip(buffers[1], segments)) / 2
 
 

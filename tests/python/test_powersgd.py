@@ -223,7 +223,7 @@ def test_exchange_matches_the_reference(tmp_path, world_size, low_precision):
     8-bit or not; the 8-bit one differs from the full precision one."""
     results = run_workers("exchange", world_size, tmp_path / str(low_precision), script=WORKERS,
                           args=("1" if low_precision else "0",))
-    tolerance = dict(rtol=1e-5, atol=1e-5)
+    tolerance = dict(rtol=1e-4, atol=1e-4)  # c.weight's Q sums 600 rows
     for rank, result in enumerate(results):
         vector, grads, qs = result["expected"]
         torch.testing.assert_close(result["vector"], vector, **tolerance)
@@ -249,7 +249,10 @@ def test_low_precision_training_matches_the_reference_within_8bit_error(tmp_path
                 assert torch.equal(a, c), f"rank {rank} differs from rank 0 at step {step + 1}, {name}"
                 torch.testing.assert_close(a, b, rtol=0, atol=2e-3, msg=lambda m: f"step {step + 1}, {name}: {m}")
     plain = run_workers("training", 3, tmp_path / "plain", script=WORKERS, args=("2", "1", "1", "1", "1", "0"))
-    assert results[0]["bytes_sent"] < 0.65 * plain[0]["bytes_sent"]  # the first step is exact
+    # The first step is exact; then every tensor's codes carry a min/max of
+    # their own (8 bytes), which on this model's tensors of 5 to 74 elements
+    # is up to 1.6x the codes.
+    assert results[0]["bytes_sent"] < 0.7 * plain[0]["bytes_sent"]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])

@@ -20,9 +20,25 @@
 
 namespace bagua {
 
+// How each member's chunk is coded. By default with one min/max. With
+// `segments` (the lengths of the tensors the buffer holds back to back; they
+// sum to its numel) a chunk is cut where a tensor ends and every
+// `piece_elements` (> 0) from a tensor's start, each piece with a min/max of
+// its own: tensors of different scale then never share a range.
+struct CodeLayout {
+  std::span<const std::int64_t> segments;
+  std::int64_t piece_elements = 0;
+};
+
 // `buffer`: float32, host memory, the same numel on every member; members
 // sorted, unique, containing comm.rank(). A group of one leaves it as is.
 void low_precision_partial_allreduce(Communicator& comm, const TensorView& buffer,
-                                     std::span<const int> members, std::uint64_t group_id);
+                                     std::span<const int> members, std::uint64_t group_id,
+                                     const CodeLayout& layout = {});
+
+// The bytes of every member's chunk in its codes and headers, summed: what
+// one member sends to each other in the two phases, over all chunks.
+std::int64_t low_precision_coded_bytes(std::int64_t numel, int members,
+                                       const CodeLayout& layout = {});
 
 }  // namespace bagua

@@ -97,7 +97,7 @@ class PowerSGDOp final : public HierarchicalOp {
   // Sums (full precision) or 8-bit averages `data` over the ranks; returns
   // what to divide by for the average (the rank count, or 1). `segments`:
   // the lengths of the tensors `data` holds back to back (each vector, each
-  // matrix's factor), which the 8-bit codes of two ranks keep apart.
+  // matrix's factor), which the 8-bit codes keep apart.
   std::int64_t exchange(const TensorView& data, const std::vector<std::int64_t>& segments);
   void sum_of_two(const TensorView& data);
   std::int64_t average_8bit(const TensorView& data, const std::vector<std::int64_t>& segments);
@@ -106,7 +106,7 @@ class PowerSGDOp final : public HierarchicalOp {
   std::vector<std::int64_t> first_segments(const Bucket& bucket) const;
   std::vector<std::int64_t> q_segments() const;
 
-  // Elements per min/max of the 8-bit codes at two ranks.
+  // Elements per min/max of the 8-bit codes (at most; a tensor's end also cuts).
   static constexpr std::int64_t kCodeChunk = 1024;
   LowRankShape shape_of(const LowRankTensor& t) const { return {t.rows, t.cols, options_.rank}; }
 
