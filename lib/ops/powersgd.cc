@@ -65,7 +65,10 @@ PowerSGDOp::PowerSGDOp(std::shared_ptr<Communicator> comm, const Bucket& bucket,
 }
 
 void PowerSGDOp::execute(Bucket& bucket) {
-  if (compressing() && !matrices_.empty()) {
+  // A bucket without a compressed matrix still sends 8-bit codes: its tensors
+  // are coded as if they rode with P in a bucket that has matrices, so how
+  // the tensors are bucketed does not change the bits (at two ranks).
+  if (compressing() && (!matrices_.empty() || options_.low_precision)) {
     average_compressed(bucket);
     return;
   }
@@ -91,6 +94,11 @@ void PowerSGDOp::average_compressed(Bucket& bucket) {
   {
     const TimelinePhase phase("powersgd.exchange_p");
     divisor = exchange(first, first_segments(bucket));
+  }
+  if (matrices_.empty()) {  // vectors only: no Q to exchange
+    scatter_vectors(c, bucket, first, divisor);
+    uncompressed_bytes_ += static_cast<std::int64_t>(bucket.nbytes());
+    return;
   }
   const CachingAllocator::Block q_block = scratch_for(c, bucket, q_numel());
   const TensorView qs = c.view(q_block, q_numel(), bucket.dtype());
