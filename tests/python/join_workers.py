@@ -135,6 +135,65 @@ def scenario_gan(out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def _train_joined(wrapped, opt, data):
+    with wrapped.join():
+        for x, y in data:
+            opt.zero_grad()
+            F.cross_entropy(wrapped(x), y).backward()
+            opt.step()
+
+
+def scenario_nested_and_threads(out_dir):
+    """A join() inside another model's join() on the same thread is refused
+    at once (it would hang on uneven data); on two threads, one model each,
+    the joins are independent: each model ends with the bits it has when
+    trained alone, on uneven data."""
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+
+    def fresh(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return model, opt, model.with_bagua([opt], Algorithm.init("gradient_allreduce"))
+
+    (a, _, wa), (b, _, wb) = fresh(1), fresh(2)
+    nested_error = None
+    try:
+        with wa.join():
+            with wb.join():
+                pass
+    except Exception as caught:  # noqa: BLE001 - the test reads it
+        nested_error = f"{type(caught).__name__}: {caught}"
+    bagua.barrier()
+    data = {seed: [(x + seed, y) for x, y in batches(rank)] for seed in (1, 2)}
+    alone = {}
+    for seed in (1, 2):
+        model, opt, wrapped = fresh(seed)
+        _train_joined(wrapped, opt, data[seed])
+        alone[seed] = [p.detach().clone() for p in model.parameters()]
+    import threading
+
+    runs = {seed: fresh(seed) for seed in (1, 2)}
+    errors = []
+
+    def run(seed):
+        try:
+            model, opt, wrapped = runs[seed]
+            _train_joined(wrapped, opt, data[seed])
+        except BaseException as caught:  # noqa: BLE001 - reported below
+            errors.append(f"{type(caught).__name__}: {caught}")
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    threaded = {seed: [p.detach().clone() for p in runs[seed][0].parameters()] for seed in (1, 2)}
+    torch.save({"nested_error": nested_error, "errors": errors, "alone": alone, "threaded": threaded},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 def scenario_no_join(out_dir):
     """Uneven inputs without join(): the error must point to join()."""
     bagua.init_process_group()

@@ -75,3 +75,18 @@ def test_without_join_the_error_names_it(tmp_path):
     error = results[1]["error"]  # rank 1 has more batches: it waits in its 5th backward
     assert error is not None and "CommTimeoutError" in error, error
     assert "run out of data" in error and "model.join()" in error, error
+
+
+def test_nested_joins_are_refused_and_joins_on_two_threads_are_independent(tmp_path):
+    """Nested single-model joins hung until the communication timeout once
+    inputs were uneven; they are refused on entry, naming the fix. Joins
+    on two threads, one model each, train each model as it trains alone."""
+    results = run_workers("nested_and_threads", 3, tmp_path, script=SCRIPT, extra_env=ENV, timeout=180)
+    for rank, result in enumerate(results):
+        error = result["nested_error"]
+        assert error is not None and "InvalidArgumentError" in error and "join([" in error, error
+        assert result["errors"] == [], result["errors"]
+        for seed in (1, 2):
+            for a, b, c in zip(result["threaded"][seed], result["alone"][seed], results[0]["threaded"][seed]):
+                assert torch.equal(a, b), f"rank {rank}, model {seed}: on a thread it differs from alone"
+                assert torch.equal(a, c), f"rank {rank}, model {seed}: replicas differ"

@@ -28,6 +28,7 @@ joined.
 """
 
 import contextlib
+import threading
 from typing import List, Optional, Sequence
 
 import torch
@@ -144,6 +145,12 @@ class JoinState:
         broadcast_coalesced(tensors, engine.engine_group, src=authority)
 
 
+# The join() contexts open on each thread. A second one inside the first
+# would hang once inputs are uneven: a rank that runs out serves only the
+# inner context's models, while the others still step the outer one's.
+_open_here = threading.local()
+
+
 def _engine_of(model):
     engine = getattr(model, "bagua_ddp", None) or getattr(model, "inner", None)
     if engine is None or not hasattr(engine, "engine_group"):
@@ -171,15 +178,23 @@ def join(models, divide_by_initial_world_size: bool = True, enable: bool = True,
         return
     if any(e.join_state is not None for e in engines):
         raise InvalidArgumentError("join: a model is already inside a join() context")
+    outer = getattr(_open_here, "engines", None)
+    if outer is not None:
+        raise InvalidArgumentError(
+            f"join: this thread is already inside the join() of {len(outer)} other model(s); nested joins "
+            "hang once inputs are uneven (a rank that runs out serves only the inner context's models). "
+            "Join the models together: bagua.torch_api.join([model_a, model_b])")
     states = [JoinState(e, divide_by_initial_world_size, throw_on_early_termination) for e in engines]
     for engine, state in zip(engines, states):
         engine.join_state = state
+    _open_here.engines = engines
     try:
         yield
         _serve(states)
         for state in states:
             state.finish()
     finally:
+        _open_here.engines = None
         for engine in engines:
             engine.join_state = None
 
@@ -188,7 +203,6 @@ def _serve(states: Sequence[JoinState]) -> None:
     if len(states) == 1:
         states[0].serve_until_all_joined()
         return
-    import threading
 
     errors: List[Optional[BaseException]] = [None] * len(states)
 
