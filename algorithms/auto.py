@@ -67,6 +67,8 @@ GROWTH_START_BYTES = 64 << 10  # the large probe starts here and grows 4x a call
 GROW_UNTIL_S = 0.025  # ... until a call takes this long: the bytes then decide its time, not the latency
 REPEAT_BELOW_S = 0.1  # a probe call longer than this is not repeated: on so slow a link one call is enough
 REMEASURE_TOLERANCE = 0.3  # measured step off its prediction by more than this: measure again, choose again
+LAYOUT_CANDIDATES = ("powersgd", "powersgd_8bit")  # run with one bucket; the runtime's buckets are tried once
+LAYOUT_GAIN = 0.95  # the runtime's buckets are kept when their step is below this share of one bucket's
 
 
 # -- the cost model ---------------------------------------------------------------
@@ -417,6 +419,10 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         self._forward_start = 0.0
         self._next: Optional[AlgorithmImpl] = None
         self._fixed_log: List[dict] = []       # without a chooser: the override, or a checkpoint's log
+        self._one_bucket = True                # PowerSGD's layout (see _try_layout)
+        self._runtime_buckets = 1              # the runtime's buckets of this model (GradientAllReduce's)
+        self._layout_trial: Optional[float] = None  # while the runtime's buckets are tried: one bucket's step
+        self._layout_done = False              # the layout was tried (or need not be)
         self._start(core.env().algorithm)
 
     def _start(self, override: str) -> None:
@@ -435,14 +441,14 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         self.current, self._current_name = self._reify(name), name
         self._fixed_log = [self.decision]
 
-    def _reify(self, name: str) -> AlgorithmImpl:
+    def _reify(self, name: str, one_bucket: bool = True) -> AlgorithmImpl:
         algorithm = {
             "gradient_allreduce": lambda: GradientAllReduceAlgorithm(hierarchical=False),
             "bytegrad": lambda: ByteGradAlgorithm(hierarchical=False),
             "powersgd": lambda: PowerSGDAlgorithm(rank=self.powersgd_rank, start_iter=self.powersgd_start_iter,
-                                                  one_bucket=True),
+                                                  one_bucket=one_bucket),
             "powersgd_8bit": lambda: PowerSGDAlgorithm(rank=self.powersgd_rank, start_iter=self.powersgd_start_iter,
-                                                       low_precision=True, one_bucket=True),
+                                                       low_precision=True, one_bucket=one_bucket),
         }[name]()
         return algorithm.reify(self.process_group)
 
@@ -461,8 +467,15 @@ class AutoAlgorithmImpl(AlgorithmImpl):
 
     @property
     def deciding(self) -> bool:
-        """Still timing steps: measuring, or checking the choice."""
-        return self.chooser is not None and not self.chooser.settled
+        """Still timing steps: measuring, checking the choice, or trying
+        PowerSGD's layout."""
+        return self.chooser is not None and (not self.chooser.settled or self._layout_open)
+
+    @property
+    def _layout_open(self) -> bool:
+        """PowerSGD runs, with one bucket, and the runtime's buckets were
+        not tried yet (see _try_layout)."""
+        return not self._layout_done and self._current_name in LAYOUT_CANDIDATES and self._runtime_buckets > 1
 
     @property
     def decisions(self) -> List[dict]:
@@ -486,13 +499,20 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         needed = self.decide_after if self.chooser.choice is None else self.verify_steps
         if len(self._samples) >= needed:
             compute_s, step_s = self._agreed_samples()
-            if self.chooser.choice is None:
+            if self._layout_trial is not None:
+                self._end_layout_trial(bagua_ddp, step_s)
+            elif self.chooser.settled:  # settled on PowerSGD: these were its one-bucket steps
+                self._try_layout(bagua_ddp, step_s)
+            elif self.chooser.choice is None:
                 self._decide(bagua_ddp, compute_s, "least predicted step time")
             elif self.chooser.check(bagua_ddp.step_counter, step_s):
                 self._decide(bagua_ddp, compute_s, "least step time after measuring again")
             else:
                 self._log(self.chooser.log[-1])
+                stays = self.chooser.choice == self._current_name
                 self._switch_to(self.chooser.choice)
+                if stays and self._layout_open:  # its steps were just measured
+                    self._try_layout(bagua_ddp, self.chooser.measured[self._current_name])
 
     def _agreed_samples(self) -> List[float]:
         """[compute, step] of the timed steps: per step the slowest rank's
@@ -518,6 +538,8 @@ class AutoAlgorithmImpl(AlgorithmImpl):
         small, large, ar_small, ar_large, lp_small, lp_large, powersgd_s, powersgd_8bit_s = agreed.tolist()
         allreduce = LinkModel.fit(int(small), ar_small, int(large), ar_large)
         buckets = len(bagua_ddp.bagua_buckets)
+        if self._current_name == "gradient_allreduce":
+            self._runtime_buckets = buckets
         # No GradientAllReduce step was measured: nothing says what the backward
         # hides, so nothing is taken as hidden (the check corrects it).
         overlap = self.overlap if self.overlap is not None else 0.0
@@ -544,6 +566,47 @@ class AutoAlgorithmImpl(AlgorithmImpl):
             self._next, self._current_name = self._reify(name), name
         if name != self._current_name or first:
             self._skip = 1
+
+    # -- PowerSGD's layout ------------------------------------------------------------
+    def _try_layout(self, bagua_ddp, one_bucket_s: float) -> None:
+        """PowerSGD settled with one bucket, averaged after the backward
+        (where the factors' round trips cost more than their bytes, as on
+        the MLPs of docs/benchmarks.md). On a link slow for the factors'
+        bytes, the runtime's buckets, each averaged while the backward goes
+        on, hide them (a 12-layer transformer at 10 Mbit/s: 1.2x the step
+        without communication against 1.8x). Which one wins is measured:
+        ``verify_steps`` steps of the runtime's buckets, with PowerSGD's
+        state (Q, error feedback) carried over; at two ranks the layout
+        does not change the bits."""
+        self._layout_trial = one_bucket_s
+        self._switch_layout(bagua_ddp, one_bucket=False)
+        self._record_layout(bagua_ddp.step_counter, f"trying the runtime's {self._runtime_buckets} buckets, "
+                                                    f"averaged during the backward (one bucket: {one_bucket_s:.4f} s)")
+
+    def _end_layout_trial(self, bagua_ddp, buckets_s: float) -> None:
+        one_bucket_s, self._layout_trial, self._layout_done = self._layout_trial, None, True
+        if buckets_s < LAYOUT_GAIN * one_bucket_s:
+            reason = f"the runtime's buckets kept: {buckets_s:.4f} s a step against one bucket's {one_bucket_s:.4f} s"
+        else:
+            reason = f"one bucket again: {one_bucket_s:.4f} s a step against the runtime's buckets' {buckets_s:.4f} s"
+            self._switch_layout(bagua_ddp, one_bucket=True)
+        self.chooser.measured[self._current_name] = min(buckets_s, one_bucket_s)
+        self._record_layout(bagua_ddp.step_counter, reason)
+
+    def _switch_layout(self, bagua_ddp, one_bucket: bool) -> None:
+        """The same algorithm with the other layout from the next step's
+        forward, PowerSGD's state carried over (its first step not timed)."""
+        impl = self._reify(self._current_name, one_bucket=one_bucket)
+        impl.load_state_dict(bagua_ddp, self.current.state_dict(bagua_ddp))
+        self._next, self._one_bucket, self._skip = impl, one_bucket, 1
+
+    def _record_layout(self, step: int, reason: str) -> None:
+        entry = {"step": step, "choice": self._current_name, "reason": reason,
+                 "layout": "one bucket" if self._one_bucket else "the runtime's buckets",
+                 "measured_step_s": dict(self.chooser.measured)}
+        self.chooser.log.append(entry)
+        self.decision = entry
+        self._log(entry)
 
     def _log(self, decision: dict) -> None:
         if self.process_group.get_rank() == 0:
@@ -644,19 +707,21 @@ class AutoAlgorithmImpl(AlgorithmImpl):
     # -- checkpoints: a resumed run keeps the choice -------------------------------------
     def state_dict(self, bagua_ddp) -> dict:
         return {"choice": self.choice, "decision": self.decision, "decisions": self.decisions,
-                "algorithm_state": self.current.state_dict(bagua_ddp)}
+                "one_bucket": self._one_bucket, "algorithm_state": (self._next or self.current).state_dict(bagua_ddp)}
 
     def load_state_dict(self, bagua_ddp, state: dict) -> None:
         saved = state.get("choice")
         if saved is None:
             return  # saved while still measuring: this run measures again
         impl = self._next or self.current
-        if saved != self._current_name:
-            impl = self._reify(saved)
+        one_bucket = state.get("one_bucket", True)
+        if saved != self._current_name or one_bucket != self._one_bucket:
+            impl = self._reify(saved, one_bucket=one_bucket)
         impl.load_state_dict(bagua_ddp, state.get("algorithm_state", {}))
         if impl is not self.current:
             self._next = impl  # takes over at the rebuild the checkpoint's loading asks for
         self.choice, self.decision, self._current_name = saved, state.get("decision"), saved
+        self._one_bucket, self._layout_trial, self._layout_done = one_bucket, None, True
         self.chooser = None  # the saved choice runs as it is, unchecked
         self._fixed_log = list(state.get("decisions", [self.decision]))
 

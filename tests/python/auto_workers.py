@@ -101,6 +101,37 @@ def scenario_auto(out_dir, override="", steps="6", candidates=""):
                 "auto": auto_params, "direct": direct_params}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def scenario_layout(out_dir, gain, steps="14"):
+    """auto with PowerSGD (8-bit) its only candidate, on a model of several
+    runtime buckets: once settled it tries the runtime's buckets, keeps them
+    or goes back to one bucket (``gain``: LAYOUT_GAIN, so that the test
+    decides which), PowerSGD's state carried over. Then PowerSGD with one
+    bucket directly, from auto's first averaged step (as scenario_auto)."""
+    import bagua.torch_api.algorithms.auto as auto
+
+    auto.LAYOUT_GAIN = float(gain)
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    model, opt = fresh_model_and_optimizer("sgd")
+    initial = [p.detach().clone() for p in model.parameters()]
+    model = model.with_bagua([opt], AutoAlgorithm(candidates=["powersgd_8bit"], decide_after=DECIDE_AFTER,
+                                                  powersgd_start_iter=2, verify_steps=2))
+    decisions = []
+    auto_params = _train(model, opt, rank, int(steps), decisions)
+    impl = model.bagua_ddp.bagua_algorithm_impl
+    layout = {"one_bucket": impl.current.one_bucket, "buckets": len(model.bagua_ddp.bagua_buckets),
+              "state_one_bucket": model.bagua_ddp.state_dict()["algorithm_state"]["one_bucket"]}
+    model.without_bagua()
+    direct_model, direct_opt = fresh_model_and_optimizer("sgd")
+    data = batches(rank, steps=int(steps))
+    held = _held_gradients(data[:DECIDE_AFTER])
+    direct_model = direct_model.with_bagua([direct_opt], DIRECT["powersgd_8bit"](0))
+    direct_params = [initial] * DECIDE_AFTER + \
+        _train_first_step_folded(direct_model, direct_opt, rank, data[DECIDE_AFTER:], held)
+    torch.save({"decisions": impl.decisions, "layout": layout, "auto": auto_params, "direct": direct_params},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 def scenario_remeasure(out_dir):
     """The first prediction of PowerSGD is made 1000x too small: once it ran
     (2 compressed steps), its measured step is far off, so auto measures

@@ -263,6 +263,30 @@ def test_a_measured_quantizing_choice_runs_as_that_algorithm_would(tmp_path, onl
     _check_same_run(results)
 
 
+@pytest.mark.parametrize("gain,keeps", [("100", True), ("0", False)])
+def test_powersgd_tries_the_runtime_buckets_and_keeps_the_faster_layout(tmp_path, gain, keeps):
+    """Settled on PowerSGD (one bucket), auto runs the runtime's buckets for
+    verify_steps steps and keeps the faster layout (the gain decides here);
+    PowerSGD's state goes along, so at two ranks, where the layout does not
+    change the bits, training stays that of PowerSGD given directly."""
+    results = run_workers("layout", 2, tmp_path, script=WORKERS, args=(gain,),
+                          extra_env={"BAGUA_DEFAULT_BUCKET_SIZE": "2048"})
+    reasons = [d["reason"] for d in results[0]["decisions"]]
+    trying = [i for i, r in enumerate(reasons) if r.startswith("trying the runtime's")]
+    assert len(trying) == 1 and trying[0] == len(reasons) - 2, reasons
+    assert reasons[-1].startswith("the runtime's buckets kept" if keeps else "one bucket again"), reasons
+    for result in results:
+        assert result["decisions"] == results[0]["decisions"]
+        layout = result["layout"]
+        assert layout["one_bucket"] == (not keeps) and layout["state_one_bucket"] == (not keeps)
+        assert (layout["buckets"] > 1) == keeps, layout
+    for rank, result in enumerate(results):
+        for step, (ours, direct, first) in enumerate(zip(result["auto"], result["direct"], results[0]["auto"])):
+            for a, b, c in zip(ours, direct, first):
+                assert torch.equal(a, c), f"rank {rank} differs from rank 0 at step {step + 1}"
+                assert torch.equal(a, b), f"rank {rank}, step {step + 1}: off PowerSGD given directly"
+
+
 def test_a_choice_off_its_prediction_is_measured_again_on_every_rank(tmp_path):
     """The re-measure rule in a run: PowerSGD chosen on a prediction 1000x
     too small, checked after two compressed steps, measured again, chosen
