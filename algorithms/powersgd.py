@@ -298,11 +298,16 @@ class PowerSGDAlgorithm(Algorithm):
                 started.
             one_bucket: all gradients in one bucket (per dtype), averaged
                 once backward has finished, instead of bucket by bucket
-                during it. The factors are small, so several buckets hide
-                little transfer and cost two round trips each, while their
-                math competes with the backward pass for the cores: on the
-                2-core machine of docs/benchmarks.md one bucket was 1.07-1.10x
-                faster at 100 Mbit/s.
+                during it. Where the factors are small for the link,
+                several buckets hide little transfer and cost two round
+                trips each, while their math competes with the backward
+                pass for the cores: on the 2-core machine of
+                docs/benchmarks.md one bucket was 1.07-1.10x faster on the
+                MLPs at 100 Mbit/s, 1.02-1.22x at 10 Mbit/s. Where their
+                bytes take long (a 12-layer transformer at rank 4 over
+                10 Mbit/s), the buckets hide them behind the backward:
+                1.21-1.27x the step without communication, against
+                1.73-1.76x with one bucket. ``algorithm="auto"`` tries both.
         """
         check = ArgumentChecks(type(self).__name__)
         check.integer("rank", rank, 1)
