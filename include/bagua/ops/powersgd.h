@@ -15,7 +15,10 @@
 // With `low_precision` the two exchanges carry MinMaxUInt8 codes (the 8-bit
 // average of low_precision_partial_allreduce.h with every rank a member);
 // they then average P rather than sum it, which only scales its columns
-// before they are normalized.
+// before they are normalized. Each tensor is coded apart (a min/max per
+// kCodeChunk elements of it), and a bucket without a compressed matrix is
+// coded too, so at two ranks how tensors are bucketed does not change the
+// bits.
 //
 // Q and the error of every compressed gradient are state kept across steps;
 // they live in memory the caller owns (PyTorch tensors in the Python
