@@ -173,8 +173,7 @@ def scenario_training(out_dir, rank_r="2", start_iter="2", error_feedback="1", w
     torch.save({"params": params, "state_q": sorted(state["q"]), "state_error": sorted(state["error"]),
                 "round_trip": round_trip, "names": [p.bagua_tensor_name for p in model.parameters()],
                 "bytes_sent": impl.bytes_sent, "bytes_uncompressed": impl.bytes_uncompressed,
-                "buckets": len(model.bagua_ddp.bagua_buckets),
-                "bucket_names": [[t.bagua_tensor_name for t in b.tensors] for b in model.bagua_ddp.bagua_buckets]},
+                "buckets": len(model.bagua_ddp.bagua_buckets)},
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 

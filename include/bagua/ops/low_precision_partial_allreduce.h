@@ -36,8 +36,8 @@ void low_precision_partial_allreduce(Communicator& comm, const TensorView& buffe
                                      std::span<const int> members, std::uint64_t group_id,
                                      const CodeLayout& layout = {});
 
-// The bytes of every member's chunk in its codes and headers, summed: what
-// one member sends to each other in the two phases, over all chunks.
+// The bytes of the whole buffer coded under `layout`, each member's chunk
+// once (codes and min/max headers): the payload PowerSGD counts as exchanged.
 std::int64_t low_precision_coded_bytes(std::int64_t numel, int members,
                                        const CodeLayout& layout = {});
 
